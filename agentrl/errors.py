@@ -1,0 +1,90 @@
+"""The one exception hierarchy of agentrl.
+
+Every error agentrl raises on purpose derives from :class:`AgentRLError`. Errors coming from
+libraries (pydantic, vLLM, Ray, torch, subprocess, docker) are translated into one of these at
+the boundary of the component that called the library, keeping the original as ``__cause__``.
+
+::
+
+    AgentRLError                    anything agentrl raises on purpose
+    ├── ConfigError                 a recipe (TOML file or --set override) is malformed or invalid
+    ├── ModelError                  a model/tokenizer path or hub id cannot be loaded or built
+    ├── DataError                   a dataset file or row is malformed (names the file and row)
+    ├── EnvError                    an environment is misregistered or misbehaves (bad return value)
+    │   └── ToolCallError           a tool call written by the model is malformed (a *model* error:
+    │                               environments turn it into feedback or a penalty, never a crash)
+    ├── InfraError                  the infrastructure failed, not the model: episodes that hit it
+    │   │                           are marked ``infra_failure`` and kept out of the loss
+    │   ├── SandboxError            a sandbox backend cannot start or a worker died
+    │   │   └── SandboxUnavailable  the backend is not installed on this machine (says how to fix)
+    │   ├── VerifierError           a reward verifier crashed or timed out
+    │   ├── GeneratorError          a generator (vLLM engine) failed or timed out
+    │   └── LearnerError            a learner rank failed or timed out
+    └── TimeoutError_               a wait ran past its deadline (also an InfraError)
+
+Model-written code that raises, loops forever or exhausts memory is *not* an error here: it is an
+ordinary sandbox result (``ExecResult`` with ``exit_code != 0``, ``timed_out`` or
+``memory_exceeded``) that the environment shows to the model.
+"""
+
+from __future__ import annotations
+
+
+class AgentRLError(Exception):
+    """Base class of every error agentrl raises on purpose."""
+
+
+class ConfigError(AgentRLError):
+    """A recipe is malformed or invalid.
+
+    The message names the file, the key path (``learner.lr``), the value given and what was
+    expected.
+    """
+
+
+class ModelError(AgentRLError):
+    """A model or tokenizer cannot be found, loaded or built."""
+
+
+class DataError(AgentRLError):
+    """A dataset file or row is malformed; the message names the file and the row."""
+
+
+class EnvError(AgentRLError):
+    """An environment is not registered, cannot be built, or returned values of the wrong shape."""
+
+
+class ToolCallError(EnvError):
+    """A tool call written by the model is malformed (unknown tool, bad arguments, bad JSON).
+
+    This is the model's mistake: environments turn it into feedback, a penalty or the end of the
+    episode according to their policy; it never stops a run.
+    """
+
+
+class InfraError(AgentRLError):
+    """The infrastructure failed (not the model). Affected episodes are kept out of the loss."""
+
+
+class SandboxError(InfraError):
+    """A sandbox backend cannot start, or one of its workers died unexpectedly."""
+
+
+class SandboxUnavailable(SandboxError):
+    """The sandbox backend is not installed on this machine; the message says how to install it."""
+
+
+class VerifierError(InfraError):
+    """A reward verifier crashed or ran past its timeout."""
+
+
+class GeneratorError(InfraError):
+    """A generator (vLLM engine) failed, died or did not answer in time."""
+
+
+class LearnerError(InfraError):
+    """A learner rank failed or did not answer in time."""
+
+
+class TimeoutError_(InfraError, TimeoutError):
+    """A wait ran past its deadline. Also a builtin :class:`TimeoutError`."""
