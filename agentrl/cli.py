@@ -1,0 +1,93 @@
+"""The ``agentrl`` command.
+
+::
+
+    agentrl train RECIPE [--set section.key=value ...]   run an experiment
+    agentrl check RECIPE [--set section.key=value ...]   validate a recipe without running it
+    agentrl model init tiny OUT_DIR [--env ID]            build a tiny Qwen2 model + tokenizer
+
+Errors agentrl raises on purpose print one clear message and exit with status 2; anything else
+is a bug and shows its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from agentrl.errors import AgentRLError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="agentrl", description="Asynchronous RL for tool-using language models.")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, help_ in (("train", "run an experiment"), ("check", "validate a recipe without running it")):
+        c = sub.add_parser(name, help=help_)
+        c.add_argument("recipe", help="path to a TOML recipe")
+        c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a recipe value, e.g. --set learner.lr=1e-5 (repeatable)")
+    m = sub.add_parser("model", help="build models")
+    msub = m.add_subparsers(dest="model_command", required=True)
+    init = msub.add_parser("init", help="build a tiny model and tokenizer as a Hugging Face folder")
+    init.add_argument("kind", choices=["tiny"], help="model kind")
+    init.add_argument("out_dir", help="folder to create")
+    init.add_argument("--env", default="agentrl/Calc-v0", help="environment whose text trains the tokenizer")
+    init.add_argument("--data", default="synthetic:calc", help="dataset whose rows train the tokenizer")
+    init.add_argument("--rows", type=int, default=2000, help="rows of --data to use")
+    init.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
+    return p
+
+
+def _train(args: argparse.Namespace) -> int:
+    from agentrl.config import load_recipe
+    from agentrl.engine.controller import Controller
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    summary = Controller(recipe).run()
+    print(
+        f"done: {summary.steps} steps, weight version {summary.version}, {summary.samples_trained} samples trained, "
+        f"{summary.dropped_stale} dropped as stale, {summary.infra_failures} infra failures; "
+        f"checkpoint {summary.final_checkpoint}"
+    )
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from agentrl.config import load_recipe
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    print(f"{args.recipe}: ok (mode={recipe.mode}, model={recipe.model.path}, env={recipe.env.id})")
+    return 0
+
+
+def _model_init(args: argparse.Namespace) -> int:
+    from agentrl.envs.corpus import tokenizer_corpus
+    from agentrl.envs.data import load_rows
+    from agentrl.models.tiny import build_tiny_model
+
+    rows = load_rows(args.data, limit=args.rows)
+    path = build_tiny_model(args.out_dir, tokenizer_corpus(args.env, rows), overwrite=args.overwrite)
+    print(f"tiny model written to {path}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``agentrl`` console script; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "train":
+            return _train(args)
+        if args.command == "check":
+            return _check(args)
+        return _model_init(args)
+    except AgentRLError as exc:
+        print(f"agentrl: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("agentrl: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,357 @@
+"""The recipe: one TOML file describing a whole experiment, validated into typed pydantic models.
+
+``load_recipe(path, overrides)`` reads the TOML file, applies ``--set section.key=value``
+overrides and validates. Every failure is a :class:`~agentrl.errors.ConfigError` whose message
+names the file, the key path, the value given and what was expected, e.g.::
+
+    recipes/tiny_calc.toml: learner.lr: got 'fast' (str); expected a number
+
+Components never receive the recipe: the controller reads it and passes plain arguments.
+Every field has a docstring (pydantic turns attribute docstrings into field descriptions).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from agentrl.errors import ConfigError
+
+__all__ = [
+    "Recipe",
+    "ModelConfig",
+    "TinySpecConfig",
+    "DataConfig",
+    "EnvConfig",
+    "SandboxConfig",
+    "GeneratorConfig",
+    "RolloutConfig",
+    "LearnerConfig",
+    "AlgoConfig",
+    "RayConfig",
+    "load_recipe",
+    "parse_override",
+]
+
+
+class _Section(BaseModel):
+    """Base of every recipe section: unknown keys are errors, fields carry their docstrings."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class TinySpecConfig(_Section):
+    """Shape of a tiny Qwen2 model built by agentrl itself (see ``agentrl model init``)."""
+
+    vocab_size: int = Field(400, ge=300)
+    """Target vocabulary size of the byte-level BPE tokenizer trained on the task's text."""
+    hidden_size: int = Field(128, gt=0)
+    """Model width; ``hidden_size / num_heads`` must be 64 (vLLM's CPU attention needs it)."""
+    num_layers: int = Field(2, gt=0)
+    """Number of decoder layers."""
+    num_heads: int = Field(2, gt=0)
+    """Attention heads."""
+    num_kv_heads: int = Field(1, gt=0)
+    """Key/value heads (grouped-query attention)."""
+    intermediate_size: int = Field(256, gt=0)
+    """Width of the MLP."""
+    seed: int = 0
+    """Seed of the random initialisation and of the tokenizer's training texts."""
+
+
+class ModelConfig(_Section):
+    """Which model to train: a Hugging Face folder or hub id, loaded by one code path."""
+
+    path: str
+    """A local Hugging Face folder (relative paths are relative to the current directory) or a hub
+    id such as ``Qwen/Qwen2.5-7B-Instruct``."""
+    build: Literal["tiny"] | None = None
+    """When set and ``path`` does not exist yet, build a model of that kind there first
+    (``tiny``: a small Qwen2 with a tokenizer trained on the environment's text)."""
+    tiny: TinySpecConfig = TinySpecConfig()
+    """Shape of the tiny model when ``build = "tiny"``."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype for generation and training. float32 on CPU keeps generator and learner
+    log-probabilities comparable."""
+
+
+class DataConfig(_Section):
+    """Where the prompts come from."""
+
+    source: str = "synthetic:calc"
+    """``synthetic:calc`` (generated offline), a local ``.jsonl``/``.json``/``.parquet`` file, or a
+    hub dataset name."""
+    split: str = "train"
+    """Dataset split for file or hub sources."""
+    fields: dict[str, str] = {}
+    """Maps agentrl's row fields (``question``, ``answer``) to the dataset's column names."""
+    limit: int | None = Field(None, gt=0)
+    """Use at most this many rows (for synthetic sources: how many to generate)."""
+    eval_limit: int = Field(0, ge=0)
+    """Rows held out (taken from the end) for evaluation; 0 = none."""
+
+
+class EnvConfig(_Section):
+    """The environment every episode runs in."""
+
+    id: str = "agentrl/Calc-v0"
+    """A registered gymnasium id (``agentrl/Calc-v0``) or ``module:Class``."""
+    kwargs: dict[str, Any] = {}
+    """Keyword arguments passed to the environment's constructor."""
+
+
+class SandboxConfig(_Section):
+    """Where model-written code runs."""
+
+    type: Literal["bubblewrap", "unsafe-local"] = "bubblewrap"
+    """Backend: ``bubblewrap`` (isolated, the default) or ``unsafe-local`` (NO isolation; debugging only)."""
+    max_concurrency: int = Field(4, gt=0)
+    """Executions running at once per rollout worker."""
+    timeout_s: float = Field(5.0, gt=0)
+    """Wall-clock limit of one execution, seconds."""
+    memory_mb: int = Field(512, gt=0)
+    """Address-space limit of one execution, MiB."""
+
+
+class GeneratorConfig(_Section):
+    """The vLLM generators."""
+
+    num_generators: int = Field(1, gt=0)
+    """How many generator actors (each one vLLM engine)."""
+    max_model_len: int = Field(2048, gt=0)
+    """Longest sequence (prompt + generated) the engine accepts, tokens."""
+    kv_cache_gib: float = Field(1.0, gt=0)
+    """KV-cache size per engine, GiB (CPU: host memory; GPU: ``gpu_memory_utilization`` is used instead)."""
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
+    """Fraction of GPU memory per engine (GPU machines only)."""
+    enforce_eager: bool = True
+    """Disable CUDA graphs / compilation (faster start-up; recommended for tiny models and CPU)."""
+    enable_prefix_caching: bool = True
+    """Reuse KV cache across requests that share a prefix (groups share their prompt)."""
+    num_cpus: float = Field(1.0, gt=0)
+    """Ray CPUs reserved per generator actor."""
+    num_gpus: float = Field(0.0, ge=0)
+    """Ray GPUs reserved per generator actor (0 on CPU machines)."""
+    cpu_threads_bind: str = "auto"
+    """``VLLM_CPU_OMP_THREADS_BIND`` for CPU engines: ``auto``, ``all`` or a core list like ``0-1``."""
+    timeout_s: float = Field(300.0, gt=0)
+    """Longest wait for one generation call or a weight update, seconds."""
+    startup_timeout_s: float = Field(600.0, gt=0)
+    """Longest wait for an engine to start, seconds."""
+
+
+class RolloutConfig(_Section):
+    """How episodes are played."""
+
+    num_workers: int = Field(1, gt=0)
+    """Rollout worker actors (each plays many episodes concurrently)."""
+    group_size: int = Field(4, gt=0)
+    """Samples per prompt (a group, for group-relative advantages)."""
+    max_concurrent_episodes: int = Field(64, gt=0)
+    """Episodes in flight per worker."""
+    max_new_tokens: int = Field(128, gt=0)
+    """Most tokens the model may write in one turn."""
+    max_episode_tokens: int = Field(1024, gt=0)
+    """Most tokens in a whole episode (prompt, turns, tool outputs); beyond it the episode ends
+    with status ``overflow``."""
+    temperature: float = Field(1.0, ge=0)
+    """Sampling temperature."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling threshold."""
+    stop: list[str] = ["</code>"]
+    """Stop strings that end a turn (kept in the output), e.g. the end of a tool call."""
+    num_cpus: float = Field(0.5, gt=0)
+    """Ray CPUs reserved per rollout worker."""
+    episode_timeout_s: float = Field(900.0, gt=0)
+    """Longest wait for one group of episodes, seconds."""
+
+
+class LearnerConfig(_Section):
+    """The FSDP2 learner."""
+
+    num_ranks: int = Field(1, gt=0)
+    """Learner processes forming one torch.distributed group."""
+    lr: float = Field(1e-5, gt=0)
+    """Peak learning rate of AdamW."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    grad_clip: float = Field(1.0, gt=0)
+    """Clip the global gradient norm to this value."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear learning-rate warm-up, optimizer steps."""
+    batch_size: int = Field(16, gt=0)
+    """Samples (not groups) per optimizer step; a multiple of ``rollout.group_size``."""
+    max_steps: int = Field(10, gt=0)
+    """Optimizer steps to run (each publishes one weight version)."""
+    micro_batch_tokens: int = Field(8192, gt=0)
+    """Token budget of one micro-batch (padding included)."""
+    num_cpus: float = Field(1.0, gt=0)
+    """Ray CPUs reserved per learner rank."""
+    num_gpus: float = Field(0.0, ge=0)
+    """Ray GPUs per learner rank (0 on CPU machines: gloo backend)."""
+    torch_threads: int = Field(1, gt=0)
+    """torch intra-op threads per rank on CPU."""
+    timeout_s: float = Field(900.0, gt=0)
+    """Longest wait for one training step or weight publication, seconds."""
+    keep_versions: int = Field(3, gt=0)
+    """Published weight versions kept on disk (older ones are deleted)."""
+
+
+class AlgoConfig(_Section):
+    """The RL objective."""
+
+    advantage: Literal["grpo", "dr_grpo"] = "grpo"
+    """Advantage estimator: ``grpo`` (group mean and std) or ``dr_grpo`` (group mean only)."""
+    clip_low: float = Field(0.2, ge=0)
+    """PPO ratio lower clip: ratios below ``1 - clip_low`` stop contributing."""
+    clip_high: float = Field(0.28, ge=0)
+    """PPO ratio upper clip (clip-higher, DAPO): ratios above ``1 + clip_high`` stop contributing."""
+    max_staleness: int = Field(1, ge=0)
+    """Largest allowed difference between the learner's version and the oldest version that
+    wrote a trained token. 0 = on-policy (``sync``)."""
+
+
+class RayConfig(_Section):
+    """Where the actors run."""
+
+    address: str | None = None
+    """``None`` starts a local Ray instance; ``auto`` or ``host:port`` joins an existing cluster."""
+    num_cpus: int | None = Field(None, gt=0)
+    """Logical CPUs of the local instance (default: enough for the recipe's actors)."""
+
+
+class Recipe(_Section):
+    """A whole experiment."""
+
+    name: str = "run"
+    """Experiment name (used in the default run directory)."""
+    mode: Literal["async", "sync"] = "async"
+    """``async``: generation and training overlap under ``algo.max_staleness``; ``sync``: the
+    on-policy baseline (the same machinery with ``max_staleness = 0``)."""
+    seed: int = 0
+    """Seed of data order, sampling and initialisation."""
+    run_dir: str | None = None
+    """Run directory (metrics, weight versions, checkpoints). Default: ``runs/<name>``."""
+    model: ModelConfig
+    """The model."""
+    data: DataConfig = DataConfig()
+    """The prompts."""
+    env: EnvConfig = EnvConfig()
+    """The environment."""
+    sandbox: SandboxConfig = SandboxConfig()
+    """The code sandbox handed to environments that run code."""
+    generator: GeneratorConfig = GeneratorConfig()
+    """The vLLM generators."""
+    rollout: RolloutConfig = RolloutConfig()
+    """Episode playing."""
+    learner: LearnerConfig = LearnerConfig()
+    """The learner."""
+    algo: AlgoConfig = AlgoConfig()
+    """The objective."""
+    ray: RayConfig = RayConfig()
+    """Ray placement."""
+
+    @model_validator(mode="after")
+    def _check_batch(self) -> "Recipe":
+        if self.learner.batch_size % self.rollout.group_size:
+            raise ValueError(
+                f"learner.batch_size ({self.learner.batch_size}) must be a multiple of "
+                f"rollout.group_size ({self.rollout.group_size})"
+            )
+        return self
+
+    @property
+    def max_staleness(self) -> int:
+        """The staleness bound in force: 0 in ``sync`` mode, else ``algo.max_staleness``."""
+        return 0 if self.mode == "sync" else self.algo.max_staleness
+
+    def resolved_run_dir(self) -> Path:
+        """The run directory as a path."""
+        return Path(self.run_dir) if self.run_dir else Path("runs") / self.name
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Parse ``section.key=value`` into (key path, value); the value is read as a TOML value
+    (``1e-5``, ``true``, ``"x"``, ``[1, 2]``) and falls back to a plain string."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected section.key=value")
+    key, raw = text.split("=", 1)
+    path = [p for p in key.strip().split(".")]
+    if not all(p.strip() for p in path):
+        raise ConfigError(f"--set {text!r}: empty key in {key!r}")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return path, value
+
+
+def _apply_override(data: dict[str, Any], path: list[str], value: Any, source: str) -> None:
+    node = data
+    for i, part in enumerate(path[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(
+                f"{source}: --set {'.'.join(path)}: {'.'.join(path[: i + 1])} is a value, not a section"
+            )
+        node = child
+    node[path[-1]] = value
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+def _format_errors(source: str, err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        kind = e["type"]
+        if kind == "extra_forbidden":
+            lines.append(f"{source}: {loc}: unknown key (given {_describe(e['input'])})")
+        elif kind == "missing":
+            lines.append(f"{source}: {loc}: required key is missing")
+        else:
+            msg = e["msg"]
+            for prefix in ("Input should be ", "Value error, "):
+                if msg.startswith(prefix):
+                    msg = msg[len(prefix):]
+            given = "" if kind == "value_error" else f"got {_describe(e['input'])}; "
+            lines.append(f"{source}: {loc}: {given}expected {msg}" if given else f"{source}: {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def validate_recipe(data: dict[str, Any], source: str = "<recipe>") -> Recipe:
+    """Validate a recipe given as a dict; ``source`` names it in error messages."""
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(source, err)) from None
+
+
+def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
+    """Read, override and validate a recipe file. Raises ConfigError naming file and key."""
+    path = Path(path)
+    source = str(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: recipe file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read recipe: {exc}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: malformed TOML: {exc}") from None
+    for item in overrides:
+        key_path, value = parse_override(item)
+        _apply_override(data, key_path, value, source)
+    return validate_recipe(data, source)

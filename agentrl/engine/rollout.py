@@ -1,0 +1,244 @@
+"""Rollout: play multi-turn episodes against an environment with a generator, token in/token out.
+
+``play_episode`` is one episode as a plain coroutine over two seams: a ``generate`` coroutine
+(prompt ids + sampling -> :class:`~agentrl.engine.generator.Generation`) and a ``TextEnv``.
+``RolloutWorker`` runs many episodes at once (an anyio task group per group of samples) and
+is wrapped as a Ray actor by the controller.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from agentrl.engine.generator import Generation
+from agentrl.engine.render import IncrementalRenderer, TemplateMismatch
+from agentrl.engine.trajectory import Trajectory
+from agentrl.errors import AgentRLError, InfraError
+
+GenerateFn = Callable[[list[int], dict[str, Any]], Awaitable[Generation]]
+
+__all__ = ["play_episode", "RolloutWorker", "episode_seed", "GenerateFn"]
+
+
+def episode_seed(seed: int, prompt_index: int, sample_index: int, turn: int) -> int:
+    """A deterministic 31-bit sampling seed for one turn of one episode."""
+    return zlib.crc32(f"{seed}:{prompt_index}:{sample_index}:{turn}".encode()) & 0x7FFFFFFF
+
+
+async def _env_step(env: Any, action: str) -> tuple[list[dict], float, bool, bool, dict]:
+    """``astep`` when the env offers it, else ``step`` in a worker thread (off the event loop)."""
+    base = env.unwrapped
+    if hasattr(base, "astep"):
+        return await base.astep(action)
+    return await anyio.to_thread.run_sync(base.step, action)
+
+
+async def play_episode(
+    env: Any,
+    tokenizer: Any,
+    generate: GenerateFn,
+    *,
+    row: dict[str, Any],
+    group_id: str,
+    prompt_index: int,
+    sample_index: int,
+    seed: int,
+    sampling: dict[str, Any],
+    max_new_tokens: int,
+    max_episode_tokens: int,
+    max_turns: int = 64,
+) -> Trajectory:
+    """Play one episode and return its trajectory.
+
+    ``sampling`` holds ``SamplingParams`` arguments shared by all turns (temperature, stop...);
+    ``max_tokens`` and ``seed`` are set per turn. The episode ends when the environment
+    terminates or truncates it, when the token budget is spent (status ``overflow``) or when the
+    infrastructure fails (status ``infra_failure``; what was generated is kept for inspection
+    but never trained).
+    """
+    t0 = time.monotonic()
+    base = env.unwrapped
+    messages, _ = base.reset(seed=seed, options={"row": row})
+    renderer = IncrementalRenderer(tokenizer, messages)
+    tokens = renderer.prompt_ids()
+    mask = [0] * len(tokens)
+    lps = [0.0] * len(tokens)
+    vers = [-1] * len(tokens)
+    reward = 0.0
+    status = "truncated"
+    info: dict[str, Any] = {}
+    turns = 0
+    tool_calls = tool_errors = 0
+
+    def extend(ids: list[int], m: int, lp: list[float] | None = None, v: list[int] | None = None) -> None:
+        tokens.extend(ids)
+        mask.extend([m] * len(ids))
+        lps.extend(lp if lp is not None else [0.0] * len(ids))
+        vers.extend(v if v is not None else [-1] * len(ids))
+
+    try:
+        while turns < max_turns:
+            budget = min(max_new_tokens, max_episode_tokens - len(tokens))
+            if budget <= 0:
+                status = "overflow"
+                break
+            params = dict(sampling, max_tokens=budget, seed=episode_seed(seed, prompt_index, sample_index, turns))
+            gen = await generate(list(tokens), params)
+            turns += 1
+            extend(gen.token_ids, 1, gen.logprobs, gen.versions)
+            text = tokenizer.decode(gen.token_ids, skip_special_tokens=False)
+            obs, r, terminated, truncated, step_info = await _env_step(env, renderer.strip_special_suffix(text))
+            reward += float(r)
+            tool_calls = int(step_info.get("tool_calls", tool_calls))
+            tool_errors = int(step_info.get("tool_errors", tool_errors))
+            if step_info.get("infra_failure"):
+                status = "infra_failure"
+                info["error"] = step_info.get("error", "environment reported an infrastructure failure")
+                break
+            if terminated or truncated:
+                status = step_info.get("status") or ("ok" if terminated else "truncated")
+                break
+            try:
+                glue = renderer.append_turn(text, obs)
+            except TemplateMismatch as exc:
+                status, info["error"] = "truncated", str(exc)
+                break
+            if len(tokens) + len(glue) >= max_episode_tokens:
+                status = "overflow"
+                break
+            extend(glue, 0)
+    except InfraError as exc:
+        status, info["error"] = "infra_failure", f"{type(exc).__name__}: {exc}"
+    except AgentRLError as exc:
+        status, info["error"] = "infra_failure", f"{type(exc).__name__}: {exc}"
+    return Trajectory(
+        tokens=tokens,
+        loss_mask=mask,
+        behaviour_logprobs=lps,
+        versions=vers,
+        reward=reward,
+        group_id=group_id,
+        sample_index=sample_index,
+        prompt_index=prompt_index,
+        status=status,
+        metrics={
+            "turns": float(turns),
+            "tool_calls": float(tool_calls),
+            "tool_errors": float(tool_errors),
+            "generated_tokens": float(sum(mask)),
+            "latency_s": time.monotonic() - t0,
+        },
+        info=info,
+    )
+
+
+class RolloutWorker:
+    """Plays groups of episodes concurrently against one environment type.
+
+    ``generators`` are objects with an async ``generate(prompt_ids, sampling)`` method or Ray
+    actor handles of :class:`~agentrl.engine.generator.Generator`; a group always goes to one
+    generator (its samples share the prompt, so prefix caching pays off).
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        env_id: str,
+        env_kwargs: dict[str, Any],
+        sandbox_kind: str | None,
+        sandbox_kwargs: dict[str, Any],
+        generators: list[Any],
+        sampling: dict[str, Any],
+        max_new_tokens: int,
+        max_episode_tokens: int,
+        max_concurrent_episodes: int,
+        generate_timeout_s: float,
+        seed: int,
+    ) -> None:
+        from agentrl.models.loading import load_tokenizer
+
+        self.tokenizer = load_tokenizer(model)
+        self.env_id = env_id
+        self.env_kwargs = dict(env_kwargs)
+        self.sandbox = None
+        if sandbox_kind is not None:
+            from agentrl.sandbox import create_sandbox
+
+            self.sandbox = create_sandbox(sandbox_kind, **sandbox_kwargs)
+        self.generators = generators
+        self.sampling = dict(sampling)
+        self.max_new_tokens = max_new_tokens
+        self.max_episode_tokens = max_episode_tokens
+        self.limiter = anyio.CapacityLimiter(max_concurrent_episodes)
+        self.generate_timeout_s = generate_timeout_s
+        self.seed = seed
+
+    def _generate_fn(self, group_id: str) -> GenerateFn:
+        gen = self.generators[zlib.crc32(group_id.encode()) % len(self.generators)]
+        remote = hasattr(gen.generate, "remote")
+
+        async def generate(ids: list[int], params: dict[str, Any]) -> Generation:
+            from agentrl.errors import GeneratorError
+
+            try:
+                with anyio.fail_after(self.generate_timeout_s):
+                    if remote:
+                        return await gen.generate.remote(ids, params)
+                    return await gen.generate(ids, params)
+            except TimeoutError:
+                raise GeneratorError(f"generator did not answer within {self.generate_timeout_s} s") from None
+            except AgentRLError:
+                raise
+            except Exception as exc:  # a dead Ray actor, a lost connection
+                raise GeneratorError(f"generator call failed: {type(exc).__name__}: {exc}") from exc
+
+        return generate
+
+    def _make_env(self) -> Any:
+        from agentrl.envs import make_env
+
+        kwargs = dict(self.env_kwargs)
+        if self.sandbox is not None:
+            kwargs.setdefault("sandbox", self.sandbox)
+        return make_env(self.env_id, **kwargs)
+
+    async def run_group(self, row: dict[str, Any], prompt_index: int, group_id: str, n: int) -> list[Trajectory]:
+        """Play ``n`` episodes of the prompt ``row`` concurrently; return them in sample order."""
+        results: list[Trajectory | None] = [None] * n
+        generate = self._generate_fn(group_id)
+
+        async def one(i: int) -> None:
+            async with self.limiter:
+                env = self._make_env()
+                try:
+                    results[i] = await play_episode(
+                        env,
+                        self.tokenizer,
+                        generate,
+                        row=row,
+                        group_id=group_id,
+                        prompt_index=prompt_index,
+                        sample_index=i,
+                        seed=self.seed,
+                        sampling=self.sampling,
+                        max_new_tokens=self.max_new_tokens,
+                        max_episode_tokens=self.max_episode_tokens,
+                    )
+                finally:
+                    env.close()
+
+        async with anyio.create_task_group() as tg:
+            for i in range(n):
+                tg.start_soon(one, i)
+        return [r for r in results if r is not None]
+
+    async def shutdown(self) -> None:
+        """Close the sandbox."""
+        if self.sandbox is not None:
+            await self.sandbox.aclose()

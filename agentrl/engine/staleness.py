@@ -1,0 +1,109 @@
+"""Staleness-bounded queue between rollout and learner.
+
+Two rules make "no sample older than ``max_staleness`` versions is ever trained" hold:
+
+* Admission: a new sample may start only while
+  ``started + n <= (learner_version + max_staleness + 1) * batch_size``.
+* Check at training time: a sample whose oldest token is more than ``max_staleness`` versions
+  behind the learner is dropped (counted as ``dropped_stale``), never trained.
+
+Groups travel together: they are admitted, queued and batched as a unit.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from agentrl.engine.trajectory import Trajectory
+
+
+@dataclass
+class QueueStats:
+    """Counters of the queue since the start of the run (samples, not groups)."""
+
+    started: int = 0
+    finished: int = 0
+    trained: int = 0
+    dropped_stale: int = 0
+    dropped_infra: int = 0
+
+
+class StalenessQueue:
+    """Admission control and batching of finished groups, for one learner.
+
+    ``batch_size`` is in samples; every group holds ``group_size`` samples.
+    The queue holds finished groups in arrival order; its length is bounded by admission control
+    (at most ``(max_staleness + 1) * batch_size`` samples exist beyond what has been trained).
+    """
+
+    def __init__(self, *, batch_size: int, group_size: int, max_staleness: int) -> None:
+        if batch_size % group_size:
+            raise ValueError(f"batch_size {batch_size} is not a multiple of group_size {group_size}")
+        self.batch_size = batch_size
+        self.group_size = group_size
+        self.max_staleness = max_staleness
+        self.learner_version = 0
+        self.stats = QueueStats()
+        self._groups: deque[list[Trajectory]] = deque()
+
+    # --- admission -------------------------------------------------------------------------
+    def can_start(self, n: int | None = None) -> bool:
+        """Whether ``n`` more samples (default: one group) may start now."""
+        n = self.group_size if n is None else n
+        limit = (self.learner_version + self.max_staleness + 1) * self.batch_size
+        return self.stats.started + n <= limit
+
+    def mark_started(self, n: int | None = None) -> None:
+        """Record that ``n`` samples (default: one group) started."""
+        self.stats.started += self.group_size if n is None else n
+
+    def mark_lost(self, n: int) -> None:
+        """Give back admission for ``n`` samples that started but produced nothing (re-issued)."""
+        self.stats.started -= n
+
+    # --- finished groups -------------------------------------------------------------------
+    def put(self, group: list[Trajectory]) -> None:
+        """Add a finished group."""
+        self.stats.finished += len(group)
+        self._groups.append(group)
+
+    def __len__(self) -> int:
+        """Samples waiting."""
+        return sum(len(g) for g in self._groups)
+
+    def staleness(self, traj: Trajectory) -> int:
+        """Versions between the learner now and the oldest token of ``traj`` (0 if it wrote none)."""
+        oldest = traj.oldest_version
+        return 0 if oldest is None else self.learner_version - oldest
+
+    def _prune(self) -> None:
+        """Drop groups holding any over-stale sample (a group is trained whole or not at all)."""
+        kept: deque[list[Trajectory]] = deque()
+        for group in self._groups:
+            if any(self.staleness(t) > self.max_staleness for t in group):
+                self.stats.dropped_stale += len(group)
+            else:
+                kept.append(group)
+        self._groups = kept
+
+    def ready(self) -> bool:
+        """Whether a full batch of fresh-enough samples is waiting."""
+        self._prune()
+        return len(self) >= self.batch_size
+
+    def take_batch(self) -> list[list[Trajectory]]:
+        """Remove and return ``batch_size`` samples as whole groups (call ``ready()`` first)."""
+        self._prune()
+        batch: list[list[Trajectory]] = []
+        n = 0
+        while self._groups and n < self.batch_size:
+            group = self._groups.popleft()
+            batch.append(group)
+            n += len(group)
+        self.stats.trained += n
+        return batch
+
+    def advance(self, version: int) -> None:
+        """The learner now holds weights ``version`` (admits more samples, ages the queue)."""
+        self.learner_version = version
