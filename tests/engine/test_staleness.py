@@ -1,0 +1,58 @@
+from agentrl.engine.staleness import StalenessQueue
+from agentrl.engine.trajectory import Trajectory
+
+
+def traj(version: int, group: str = "g", i: int = 0) -> Trajectory:
+    return Trajectory(
+        tokens=[1, 2, 3],
+        loss_mask=[0, 1, 1],
+        behaviour_logprobs=[0.0, -1.0, -1.0],
+        versions=[-1, version, version + 1],
+        reward=1.0,
+        group_id=group,
+        sample_index=i,
+        prompt_index=0,
+    )
+
+
+def test_admission_bound():
+    q = StalenessQueue(batch_size=4, group_size=2, max_staleness=1)
+    started = 0
+    while q.can_start():
+        q.mark_started()
+        started += 2
+    assert started == (0 + 1 + 1) * 4  # (learner_version + max_staleness + 1) * batch_size
+    q.advance(1)
+    assert q.can_start()
+
+
+def test_sync_admission_is_one_batch():
+    q = StalenessQueue(batch_size=4, group_size=2, max_staleness=0)
+    q.mark_started()
+    q.mark_started()
+    assert not q.can_start()
+
+
+def test_stale_groups_are_dropped_not_trained():
+    q = StalenessQueue(batch_size=2, group_size=2, max_staleness=1)
+    q.put([traj(0, "a", 0), traj(0, "a", 1)])
+    q.put([traj(2, "b", 0), traj(2, "b", 1)])
+    q.advance(2)  # group a's oldest token is 2 versions old
+    assert q.ready()
+    batch = q.take_batch()
+    assert [t.group_id for g in batch for t in g] == ["b", "b"]
+    assert q.stats.dropped_stale == 2
+    assert q.stats.trained == 2
+
+
+def test_oldest_version_uses_model_tokens_only():
+    t = traj(3)
+    assert t.oldest_version == 3 and t.newest_version == 4
+
+
+def test_mark_lost_returns_admission():
+    q = StalenessQueue(batch_size=2, group_size=2, max_staleness=0)
+    q.mark_started()
+    assert not q.can_start()
+    q.mark_lost(2)
+    assert q.can_start()
