@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -113,9 +112,12 @@ class Generator:
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise GeneratorError(f"vLLM is not installed ({exc}); run scripts/setup.sh") from exc
         on_gpu = torch.cuda.is_available()
+        memory: dict[str, Any] = {"gpu_memory_utilization": s.gpu_memory_utilization}
         if not on_gpu:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, math.ceil(s.kv_cache_gib))))
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", s.cpu_threads_bind)
+            # An explicit KV-cache size: vLLM-CPU's default is a fraction of host memory
+            # (NUMA node 0 only), which fails when anything else runs on the machine.
+            memory = {"kv_cache_memory_bytes": int(s.kv_cache_gib * 2**30)}
         args = AsyncEngineArgs(
             model=s.model,
             dtype=s.dtype,
@@ -123,7 +125,7 @@ class Generator:
             enforce_eager=s.enforce_eager,
             enable_prefix_caching=s.enable_prefix_caching,
             seed=s.seed,
-            gpu_memory_utilization=s.gpu_memory_utilization,
+            **memory,
             **s.extra,
         )
         t0 = time.monotonic()
