@@ -110,7 +110,7 @@ class Controller:
 
         r = self.recipe
         g = r.generator
-        env_vars = {"VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
+        env_vars = {"VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "TQDM_DISABLE": "1"}
         settings = EngineSettings(
             model=model,
             dtype=r.model.dtype,
@@ -245,7 +245,12 @@ class Controller:
         )
         self._prune_versions(new_version)
         m = results[0]
+        examples = [
+            {"group_id": t.group_id, "reward": t.reward, "status": t.status, "text": t.info.get("text", "")}
+            for t in batch[0][:2]
+        ]
         return {
+            "_examples": examples,
             **stats,
             **{k: v for k, v in m.items() if k != "step"},
             "staleness_hist": dict(hist),
@@ -254,6 +259,12 @@ class Controller:
             "update_stall_s": max(stalls) if stalls else 0.0,
             "version": new_version,
         }
+
+    def _dump_samples(self, examples: list[dict[str, Any]], version: int) -> None:
+        """Append a few decoded episodes of the step to ``samples.jsonl`` (for reading, not training)."""
+        with (self.run_dir / "samples.jsonl").open("a") as f:
+            for ex in examples:
+                f.write(json.dumps({"version": version, **ex}) + "\n")
 
     def _prune_versions(self, newest: int) -> None:
         keep = self.recipe.learner.keep_versions
@@ -272,8 +283,8 @@ class Controller:
         pending: dict[asyncio.Future, tuple[int, str]] = {}
         train_task: asyncio.Task | None = None
         infra_failures = 0
-        gen_tokens_since = 0
-        t_last = time.monotonic()
+        gen_tokens = 0
+        t_start = time.monotonic()
         wi = 0
         while version < r.learner.max_steps:
             while queue.can_start() and (retry or rows):
@@ -300,19 +311,19 @@ class Controller:
                     train_task = None
                     stats = fut.result()  # a learner/generator failure stops the run loudly
                     version = stats["version"]
+                    self._dump_samples(stats.pop("_examples", []), version)
                     queue.advance(version)
                     now = time.monotonic()
                     log.step(
                         step=version,
                         **stats,
-                        gen_tokens_per_s=gen_tokens_since / max(1e-9, now - t_last),
+                        gen_tokens_per_s=gen_tokens / max(1e-9, now - t_start),
                         queue_depth=len(queue),
                         started=queue.stats.started,
                         dropped_stale=queue.stats.dropped_stale,
                         infra_failures=infra_failures,
                         prompt_cursor=cursor,
                     )
-                    gen_tokens_since, t_last = 0, now
                     continue
                 idx, gid = pending.pop(fut)
                 try:
@@ -324,7 +335,7 @@ class Controller:
                     log.event(f"group {gid} lost ({type(exc).__name__}: {exc}); re-issued")
                     continue
                 infra_failures += sum(1 for t in group if not t.trainable)
-                gen_tokens_since += sum(t.num_generated for t in group)
+                gen_tokens += sum(t.num_generated for t in group)
                 queue.put(group)
         for fut in pending:
             fut.cancel()

@@ -116,6 +116,8 @@ async def play_episode(
         status, info["error"] = "infra_failure", f"{type(exc).__name__}: {exc}"
     except AgentRLError as exc:
         status, info["error"] = "infra_failure", f"{type(exc).__name__}: {exc}"
+    if sample_index == 0:  # one readable episode per group, for samples.jsonl
+        info["text"] = tokenizer.decode(tokens, skip_special_tokens=False)
     return Trajectory(
         tokens=tokens,
         loss_mask=mask,
