@@ -305,7 +305,11 @@ class Controller:
             waiting = set(pending) | ({train_task} if train_task else set())
             if not waiting:
                 raise AgentRLError("nothing to wait for: no prompts left and no batch ready")
-            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            # each awaited item carries its own timeout; this outer one is a last guard
+            limit = r.rollout.episode_timeout_s + r.learner.timeout_s + 2 * r.generator.timeout_s
+            done, _ = await asyncio.wait(waiting, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                raise TimeoutError_(f"no episode group and no learner step finished within {limit:.0f} s")
             for fut in done:
                 if fut is train_task:
                     train_task = None
