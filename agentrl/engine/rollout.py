@@ -233,7 +233,7 @@ class RolloutWorker:
                         max_episode_tokens=self.max_episode_tokens,
                     )
                 finally:
-                    env.close()
+                    await env.unwrapped.aclose()
 
         async with anyio.create_task_group() as tg:
             for i in range(n):

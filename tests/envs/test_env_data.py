@@ -1,0 +1,67 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from agentrl.envs.calc import generate_problems
+from agentrl.envs.data import SYNTHETIC_DEFAULT_ROWS, load_rows
+from agentrl.errors import DataError
+
+
+def test_synthetic_calc() -> None:
+    rows = load_rows("synthetic:calc", limit=10, seed=3)
+    assert rows == generate_problems(10, 3)
+    assert len(load_rows("synthetic:calc")) == SYNTHETIC_DEFAULT_ROWS
+    test_rows = load_rows("synthetic:calc", split="test", limit=10, seed=3)
+    assert test_rows != rows and test_rows == load_rows("synthetic:calc", split="test", limit=10, seed=3)
+
+
+def test_unknown_synthetic_task() -> None:
+    with pytest.raises(DataError, match="unknown synthetic task 'nope'"):
+        load_rows("synthetic:nope")
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_jsonl_with_field_mapping(tmp_path: Path) -> None:
+    path = write_jsonl(
+        tmp_path / "d.jsonl",
+        [{"problem": "Compute 1*2+3.", "solution": "5", "id": 1}, {"problem": "p2", "solution": "7", "id": 2}],
+    )
+    rows = load_rows(str(path), fields={"question": "problem", "answer": "solution"})
+    assert rows[0] == {"problem": "Compute 1*2+3.", "solution": "5", "id": 1, "question": "Compute 1*2+3.", "answer": "5"}
+    assert len(rows) == 2
+    assert len(load_rows(str(path), fields={"question": "problem", "answer": "solution"}, limit=1)) == 1
+
+
+def test_json_and_parquet(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = [{"question": "q1", "answer": "1"}, {"question": "q2", "answer": "2"}]
+    (tmp_path / "d.json").write_text(json.dumps(data))
+    assert load_rows(str(tmp_path / "d.json")) == data
+    pq.write_table(pa.Table.from_pylist(data), tmp_path / "d.parquet")
+    assert load_rows(str(tmp_path / "d.parquet")) == data
+
+
+def test_missing_field_names_file_and_row(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "bad.jsonl", [{"question": "q", "answer": "1"}, {"question": "q2"}])
+    with pytest.raises(DataError, match=r"bad\.jsonl: row 1 has no field 'answer'"):
+        load_rows(str(path))
+    with pytest.raises(DataError, match=r"row 0 has no field 'question' \(mapped from column 'problem'\)"):
+        load_rows(str(path), fields={"question": "problem"})
+
+
+def test_missing_and_unreadable_files(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"missing\.jsonl: no such data file"):
+        load_rows(str(tmp_path / "missing.jsonl"))
+    (tmp_path / "broken.jsonl").write_text('{"question": "q", "answer": "1"}\n{not json\n')
+    with pytest.raises(DataError, match=r"broken\.jsonl: cannot read"):
+        load_rows(str(tmp_path / "broken.jsonl"))
+    (tmp_path / "d.csv").write_text("question,answer\nq,1\n")
+    with pytest.raises(DataError, match="unsupported data file type"):
+        load_rows(str(tmp_path / "d.csv"))
