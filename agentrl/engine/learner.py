@@ -257,6 +257,47 @@ class Learner:
             "train_s": time.monotonic() - t0,
         }
 
+    def sft_step(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """One supervised optimizer step: mean negative log-likelihood of the tokens whose
+        ``loss_mask`` is 1 (assistant tokens), over the whole batch. ``samples`` need only
+        ``tokens`` and ``loss_mask``. Returns metrics summed across ranks."""
+        if self.model is None:
+            raise LearnerError("learner not set up")
+        t0 = time.monotonic()
+        self.model.train()
+        total_tokens = sum(sum(s["loss_mask"][1:]) for s in samples)
+        scale = self.world_size / max(1, total_tokens)
+        plan = plan_microbatches([len(s["tokens"]) for s in samples], self.micro_batch_tokens, self.world_size)
+        acc = torch.zeros(3, dtype=torch.float64)  # nll sum, tokens, correct (argmax) tokens
+        for mb in plan[self.rank :: self.world_size]:
+            if not mb:
+                dummy = torch.full((1, 2), self.pad_id, dtype=torch.long, device=self.device)
+                (self.model(input_ids=dummy).logits.sum() * 0.0).backward()
+                continue
+            rows = [dict(samples[i], behaviour_logprobs=[0.0] * len(samples[i]["tokens"]), advantage=0.0) for i in mb]
+            lp, _, mask, _ = self._forward_logprobs(rows)
+            nll = -(lp * mask).sum()
+            (nll * scale).backward()
+            acc += torch.tensor([nll.item(), mask.sum().item(), ((lp.detach() > -0.6931) * mask).sum().item()], dtype=torch.float64)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+        if self.world_size > 1:
+            dist.all_reduce(acc)
+        tokens = max(1.0, acc[1].item())
+        return {
+            "sft_loss": acc[0].item() / tokens,
+            "sft_token_p_gt_half": acc[2].item() / tokens,
+            "trained_tokens": acc[1].item(),
+            "grad_norm": float(grad_norm),
+            "lr": self.scheduler.get_last_lr()[0],
+            "train_s": time.monotonic() - t0,
+        }
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Gather the unsharded parameters (a collective: call on every rank); CPU tensors on rank 0,
         an empty dict elsewhere."""
