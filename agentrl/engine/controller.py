@@ -101,11 +101,47 @@ class Controller:
             )
         return True
 
+    def _learner_actors(
+        self, model: str, *, env_vars: dict[str, str], lr: float | None = None, torch_threads: int | None = None,
+        warmup_steps: int | None = None,
+    ) -> list[Any]:
+        """Create (not set up) the learner ranks as Ray actors; ``lr``/``torch_threads``/``warmup_steps``
+        override the recipe's learner values (the SFT stage uses its own)."""
+        import ray
+
+        from agentrl.engine.learner import Learner
+
+        r = self.recipe
+        lcfg = r.learner
+        port = _free_port()
+        learner_cls = ray.remote(Learner)
+        return [
+            learner_cls.options(num_cpus=lcfg.num_cpus, num_gpus=lcfg.num_gpus, runtime_env={"env_vars": env_vars}).remote(
+                rank=rank,
+                world_size=lcfg.num_ranks,
+                master_addr="127.0.0.1",
+                master_port=port,
+                model=model,
+                dtype=r.model.dtype,
+                lr=lr if lr is not None else lcfg.lr,
+                betas=lcfg.betas,
+                weight_decay=lcfg.weight_decay,
+                grad_clip=lcfg.grad_clip,
+                warmup_steps=warmup_steps if warmup_steps is not None else lcfg.warmup_steps,
+                micro_batch_tokens=lcfg.micro_batch_tokens,
+                clip_low=r.algo.clip_low,
+                clip_high=r.algo.clip_high,
+                torch_threads=torch_threads if torch_threads is not None else lcfg.torch_threads,
+                timeout_s=lcfg.timeout_s,
+                seed=r.seed,
+            )
+            for rank in range(lcfg.num_ranks)
+        ]
+
     async def _start_actors(self, model: str, log: MetricsLogger) -> None:
         import ray
 
         from agentrl.engine.generator import EngineSettings, Generator
-        from agentrl.engine.learner import Learner
         from agentrl.engine.rollout import RolloutWorker
 
         r = self.recipe
@@ -130,30 +166,7 @@ class Controller:
             for _ in range(g.num_generators)
         ]
         lcfg = r.learner
-        port = _free_port()
-        learner_cls = ray.remote(Learner)
-        self.learners = [
-            learner_cls.options(num_cpus=lcfg.num_cpus, num_gpus=lcfg.num_gpus, runtime_env={"env_vars": env_vars}).remote(
-                rank=rank,
-                world_size=lcfg.num_ranks,
-                master_addr="127.0.0.1",
-                master_port=port,
-                model=model,
-                dtype=r.model.dtype,
-                lr=lcfg.lr,
-                betas=lcfg.betas,
-                weight_decay=lcfg.weight_decay,
-                grad_clip=lcfg.grad_clip,
-                warmup_steps=lcfg.warmup_steps,
-                micro_batch_tokens=lcfg.micro_batch_tokens,
-                clip_low=r.algo.clip_low,
-                clip_high=r.algo.clip_high,
-                torch_threads=lcfg.torch_threads,
-                timeout_s=lcfg.timeout_s,
-                seed=r.seed,
-            )
-            for rank in range(lcfg.num_ranks)
-        ]
+        self.learners = self._learner_actors(model, env_vars=env_vars)
         gen_info, learner_info = await asyncio.gather(
             _timed(asyncio.gather(*[a.start.remote() for a in self.generators]), g.startup_timeout_s, "generator start-up", GeneratorError),
             _timed(asyncio.gather(*[a.setup.remote() for a in self.learners]), lcfg.timeout_s, "learner set-up", LearnerError),
