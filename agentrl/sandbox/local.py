@@ -1,0 +1,135 @@
+"""UNSAFE: runs model-written code as a plain subprocess of this host. For debugging only.
+
+:class:`UnsafeLocalSandbox` has the same contract as :class:`~agentrl.sandbox.BubblewrapSandbox`
+(isolated interpreter, clean environment, the same rlimits, a fresh temporary working directory,
+the process group killed at the deadline) but **no isolation**: the code runs as the calling user,
+sees and can modify every file that user can (including the repository and credentials), can use
+the network, can see and signal other processes, and can escape the deadline by leaving its process
+group (``os.setsid``) or daemonizing. Under root, ``RLIMIT_NPROC`` is not enforced by the kernel.
+Never point it at code you would not run by hand.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+
+from agentrl.errors import SandboxError
+from agentrl.sandbox.base import (
+    ExecResult,
+    _base_python,
+    _check_settings,
+    _Limits,
+    _LoopLocal,
+    _python_argv,
+    _run_process,
+    _run_settings,
+    _to_result,
+)
+
+__all__ = ["UnsafeLocalSandbox"]
+
+log = logging.getLogger(__name__)
+
+
+class UnsafeLocalSandbox:
+    """UNSAFE: runs code in a plain local subprocess (``python -I``), with rlimits but no isolation.
+
+    Same arguments and results as :class:`~agentrl.sandbox.BubblewrapSandbox`. Each execution gets
+    a fresh temporary directory as working directory, ``HOME`` and ``TMPDIR``, a clean environment
+    (``PATH``, ``HOME``, ``TMPDIR``, ``LANG``, ``PYTHONDONTWRITEBYTECODE``), its own session and
+    process group (killed at the deadline and after the code exits). It logs a warning when
+    constructed. Use it only to debug on machines without bubblewrap.
+
+    Args:
+        max_concurrency: most executions running at once.
+        timeout_s: default wall-clock deadline per execution, in seconds.
+        memory_mb: default address-space limit (RLIMIT_AS) per process, in MiB.
+        max_output_bytes: how much of stdout, and of stderr, is kept per execution (bytes).
+        max_processes: RLIMIT_NPROC (counted over *all* processes of the calling user; not
+            enforced for root).
+        python: interpreter to run (path or name on PATH); default: the base interpreter of the
+            running Python.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_concurrency: int = 4,
+        timeout_s: float = 10.0,
+        memory_mb: int = 512,
+        max_output_bytes: int = 16384,
+        max_processes: int = 64,
+        python: str | None = None,
+    ) -> None:
+        _check_settings(
+            max_concurrency=max_concurrency, timeout_s=timeout_s, memory_mb=memory_mb,
+            max_output_bytes=max_output_bytes, max_processes=max_processes,
+        )
+        if python is None:
+            self._python = _base_python()
+        else:
+            found = shutil.which(python)
+            if found is None:
+                raise SandboxError(f"unsafe-local sandbox: python interpreter {python!r} not found")
+            self._python = found
+        self.timeout_s = float(timeout_s)
+        self.memory_mb = int(memory_mb)
+        self.max_output_bytes = int(max_output_bytes)
+        self.max_processes = int(max_processes)
+        self.max_concurrency = int(max_concurrency)
+        self._limiter = _LoopLocal(self.max_concurrency)
+        self._closed = False
+        log.warning(
+            "UnsafeLocalSandbox: model-written code will run UNSANDBOXED on this host as uid %d "
+            "(files, network and processes are all reachable). Use only for debugging; use "
+            "the 'bubblewrap' sandbox for anything else.",
+            os.geteuid(),
+        )
+
+    async def run(
+        self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None
+    ) -> ExecResult:
+        """Execute ``code`` in a local subprocess; see :meth:`agentrl.sandbox.Sandbox.run`."""
+        if self._closed:
+            raise SandboxError("UnsafeLocalSandbox.run called after aclose()")
+        timeout, memory = _run_settings(timeout_s, memory_mb, self.timeout_s, self.memory_mb)
+        limits = _Limits.for_run(
+            timeout_s=timeout, memory_mb=memory, max_processes=self.max_processes
+        )
+        async with self._limiter.get():
+            with tempfile.TemporaryDirectory(prefix="agentrl-sandbox-") as workdir:
+                env = {
+                    "PATH": "/usr/local/bin:/usr/bin:/bin",
+                    "HOME": workdir,
+                    "TMPDIR": workdir,
+                    "LANG": "C.UTF-8",
+                    "PYTHONDONTWRITEBYTECODE": "1",
+                }
+                raw = await _run_process(
+                    lambda marker_fd: _python_argv(self._python, marker_fd, limits),
+                    code=code,
+                    env=env,
+                    cwd=workdir,
+                    timeout_s=timeout,
+                    max_output_bytes=self.max_output_bytes,
+                )
+        return _to_result(raw, what="unsafe-local sandbox")
+
+    async def aclose(self) -> None:
+        """Mark the sandbox closed (it holds no resources between runs)."""
+        self._closed = True
+
+    async def __aenter__(self) -> UnsafeLocalSandbox:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return (
+            f"UnsafeLocalSandbox(python={self._python!r}, max_concurrency={self.max_concurrency}, "
+            f"timeout_s={self.timeout_s}, memory_mb={self.memory_mb})"
+        )
