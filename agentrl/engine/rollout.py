@@ -210,10 +210,14 @@ class RolloutWorker:
             kwargs.setdefault("sandbox", self.sandbox)
         return make_env(self.env_id, **kwargs)
 
-    async def run_group(self, row: dict[str, Any], prompt_index: int, group_id: str, n: int) -> list[Trajectory]:
-        """Play ``n`` episodes of the prompt ``row`` concurrently; return them in sample order."""
+    async def run_group(
+        self, row: dict[str, Any], prompt_index: int, group_id: str, n: int, sampling: dict[str, Any] | None = None
+    ) -> list[Trajectory]:
+        """Play ``n`` episodes of the prompt ``row`` concurrently; return them in sample order.
+        ``sampling`` overrides the worker's sampling arguments for this group (e.g. greedy eval)."""
         results: list[Trajectory | None] = [None] * n
         generate = self._generate_fn(group_id)
+        params = {**self.sampling, **(sampling or {})}
 
         async def one(i: int) -> None:
             async with self.limiter:
@@ -228,7 +232,7 @@ class RolloutWorker:
                         prompt_index=prompt_index,
                         sample_index=i,
                         seed=self.seed,
-                        sampling=self.sampling,
+                        sampling=params,
                         max_new_tokens=self.max_new_tokens,
                         max_episode_tokens=self.max_episode_tokens,
                     )
