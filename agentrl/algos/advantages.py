@@ -1,35 +1,54 @@
-"""Group-relative advantage estimators (one scalar per sample, broadcast over its tokens)."""
+"""One entry point for the advantage estimators: pick one by name, apply it to a flat batch.
+
+Each estimator lives in its own file (``grpo.py``, ``dr_grpo.py``, ``rloo.py``,
+``reinforce_pp.py``) and returns one scalar per sample, which the learner broadcasts over the
+sample's trained tokens.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
+from agentrl.algos.dr_grpo import dr_grpo_advantages
+from agentrl.algos.grpo import grpo_advantages
+from agentrl.algos.reinforce_pp import reinforce_pp_advantages
+from agentrl.algos.rloo import rloo_advantages
 
-def grpo_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """GRPO: ``A_i = (r_i - mean(r)) / (std(r) + eps)`` within one group.
+__all__ = ["ESTIMATORS", "compute_advantages", "group_advantages", "grpo_advantages", "dr_grpo_advantages"]
 
-    ``rewards`` is a 1-D tensor with one reward per sample of the group. The standard deviation
-    is the population one (``unbiased=False``); a group whose rewards are all equal gets zeros.
-    """
-    mean = rewards.mean()
-    std = rewards.std(unbiased=False) if rewards.numel() > 1 else torch.zeros((), dtype=rewards.dtype)
-    return (rewards - mean) / (std + eps)
-
-
-def dr_grpo_advantages(rewards: torch.Tensor) -> torch.Tensor:
-    """Dr. GRPO: ``A_i = r_i - mean(r)`` within one group (no division by the std)."""
-    return rewards - rewards.mean()
+ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]] = {
+    "grpo": grpo_advantages,
+    "dr_grpo": dr_grpo_advantages,
+    "rloo": rloo_advantages,
+    "reinforce_pp": lambda r, g: reinforce_pp_advantages(r, g),
+    "reinforce_pp_baseline": lambda r, g: reinforce_pp_advantages(r, g, subtract_group_mean=True),
+}
+"""Estimators by name (the recipe's ``algo.advantage``)."""
 
 
-_ESTIMATORS = {"grpo": grpo_advantages, "dr_grpo": dr_grpo_advantages}
+def compute_advantages(rewards: torch.Tensor, group_index: torch.Tensor | None, estimator: str = "grpo") -> torch.Tensor:
+    """Apply ``estimator`` to ``rewards[N]`` with samples grouped by ``group_index[N]``."""
+    try:
+        fn = ESTIMATORS[estimator]
+    except KeyError:
+        raise ValueError(f"unknown advantage estimator {estimator!r}; expected one of {sorted(ESTIMATORS)}") from None
+    if rewards.numel() == 0:
+        return rewards.clone()
+    return fn(rewards, group_index)
 
 
 def group_advantages(groups: Sequence[Sequence[float]], estimator: str = "grpo") -> list[list[float]]:
-    """Apply ``estimator`` (``grpo`` or ``dr_grpo``) to each group of rewards independently."""
-    try:
-        fn = _ESTIMATORS[estimator]
-    except KeyError:
-        raise ValueError(f"unknown advantage estimator {estimator!r}; expected one of {sorted(_ESTIMATORS)}") from None
-    return [fn(torch.tensor(list(g), dtype=torch.float64)).tolist() if len(g) else [] for g in groups]
+    """Advantages for a batch given as a list of groups of rewards; same nesting out as in.
+
+    Group-wise estimators treat each group on its own; REINFORCE++ normalises over all of them.
+    """
+    flat = [float(r) for g in groups for r in g]
+    index = torch.tensor([gi for gi, g in enumerate(groups) for _ in g], dtype=torch.long)
+    adv = compute_advantages(torch.tensor(flat, dtype=torch.float64), index, estimator).tolist()
+    out, k = [], 0
+    for g in groups:
+        out.append(adv[k : k + len(g)])
+        k += len(g)
+    return out
