@@ -4,6 +4,8 @@
 
     agentrl train RECIPE [--set section.key=value ...]   run an experiment
     agentrl check RECIPE [--set section.key=value ...]   validate a recipe without running it
+    agentrl eval RECIPE --checkpoint DIR                  held-out metrics of a checkpoint
+    agentrl report RUN_DIR                                plots and a summary of a run
     agentrl model init tiny OUT_DIR [--env ID]            build a tiny Qwen2 model + tokenizer
 
 Errors agentrl raises on purpose print one clear message and exit with status 2; anything else
@@ -27,6 +29,12 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument("recipe", help="path to a TOML recipe")
         c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a recipe value, e.g. --set learner.lr=1e-5 (repeatable)")
+    ev = sub.add_parser("eval", help="evaluate a checkpoint on the recipe's held-out rows (mode eval)")
+    ev.add_argument("recipe", help="path to a TOML recipe")
+    ev.add_argument("--checkpoint", required=True, help="a Hugging Face folder (e.g. RUN_DIR/final) or hub id")
+    ev.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a recipe value")
+    rep = sub.add_parser("report", help="plots and a summary of a run directory")
+    rep.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
     m = sub.add_parser("model", help="build models")
     msub = m.add_subparsers(dest="model_command", required=True)
     init = msub.add_parser("init", help="build a tiny model and tokenizer as a Hugging Face folder")
@@ -80,6 +88,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _train(args)
         if args.command == "check":
             return _check(args)
+        if args.command == "eval":
+            args.overrides = [*args.overrides, "mode=eval", f"model.path={args.checkpoint!r}", "sft.steps=0"]
+            return _train(args)
+        if args.command == "report":
+            from agentrl.report import write_report
+
+            out = write_report(args.run_dir)
+            print(f"report written to {out}/ (training.png, summary.md)")
+            return 0
         return _model_init(args)
     except AgentRLError as exc:
         print(f"agentrl: error: {exc}", file=sys.stderr)

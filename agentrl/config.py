@@ -265,9 +265,11 @@ class Recipe(_Section):
 
     name: str = "run"
     """Experiment name (used in the default run directory)."""
-    mode: Literal["async", "sync"] = "async"
+    mode: Literal["async", "sync", "sft", "eval"] = "async"
     """``async``: generation and training overlap under ``algo.max_staleness``; ``sync``: the
-    on-policy baseline (the same machinery with ``max_staleness = 0``)."""
+    on-policy baseline (the same machinery with ``max_staleness = 0``); ``sft``: only the
+    supervised stage (``[sft]``), no generators; ``eval``: generators and environments only,
+    held-out metrics of ``model.path``, nothing trained."""
     seed: int = 0
     """Seed of data order, sampling and initialisation."""
     run_dir: str | None = None
@@ -302,6 +304,12 @@ class Recipe(_Section):
                 f"learner.batch_size ({self.learner.batch_size}) must be a multiple of "
                 f"rollout.group_size ({self.rollout.group_size})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_mode(self) -> "Recipe":
+        if self.mode == "sft" and not self.sft.steps:
+            raise ValueError("mode = 'sft' needs sft.steps > 0")
         return self
 
     @property

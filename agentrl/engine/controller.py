@@ -138,7 +138,8 @@ class Controller:
             for rank in range(lcfg.num_ranks)
         ]
 
-    async def _start_actors(self, model: str, log: MetricsLogger) -> None:
+    async def _start_actors(self, model: str, log: MetricsLogger, *, with_learners: bool = True) -> None:
+        """Start generators, learner ranks (unless ``with_learners`` is False) and rollout workers."""
         import ray
 
         from agentrl.engine.generator import EngineSettings, Generator
@@ -166,13 +167,14 @@ class Controller:
             for _ in range(g.num_generators)
         ]
         lcfg = r.learner
-        self.learners = self._learner_actors(model, env_vars=env_vars)
+        self.learners = self._learner_actors(model, env_vars=env_vars) if with_learners else []
         gen_info, learner_info = await asyncio.gather(
             _timed(asyncio.gather(*[a.start.remote() for a in self.generators]), g.startup_timeout_s, "generator start-up", GeneratorError),
             _timed(asyncio.gather(*[a.setup.remote() for a in self.learners]), lcfg.timeout_s, "learner set-up", LearnerError),
         )
         log.event(f"generators ready: {gen_info}")
-        log.event(f"learner ready: {learner_info}")
+        if with_learners:
+            log.event(f"learner ready: {learner_info}")
         ro = r.rollout
         sampling = {"temperature": ro.temperature, "top_p": ro.top_p, "stop": list(ro.stop)}
         worker_cls = ray.remote(RolloutWorker)
@@ -389,13 +391,23 @@ class Controller:
         self.generators, self.learners, self.workers = [], [], []
         try:
             log.event(f"run {r.name}: mode={r.mode} max_staleness={r.max_staleness} rows={len(rows)} model={model}")
+            self.evals: list[dict[str, Any]] = []
             if r.sft.steps:
                 model = await self._sft(model, log)
-            await self._start_actors(model, log)
-            self.evals: list[dict[str, Any]] = []
-            if r.eval.limit:
-                self.eval_rows = load_rows(r.data.source, split=r.eval.split, fields=r.data.fields or None, limit=r.eval.limit, seed=r.seed)
+            if r.mode == "sft":
+                summary = RunSummary(self.run_dir, r.sft.steps, 0, Path(model), 0, 0, 0)
+                self._write_summary(summary)
+                return summary
+            await self._start_actors(model, log, with_learners=r.mode != "eval")
+            if r.eval.limit or r.mode == "eval":
+                self.eval_rows = load_rows(
+                    r.data.source, split=r.eval.split, fields=r.data.fields or None, limit=r.eval.limit or None, seed=r.seed
+                )
                 await self._evaluate(0, log)
+            if r.mode == "eval":
+                summary = RunSummary(self.run_dir, 0, 0, Path(model), 0, 0, 0)
+                self._write_summary(summary)
+                return summary
             summary = await self._loop(rows, log)
             if r.eval.limit:
                 await self._evaluate(summary.version, log)

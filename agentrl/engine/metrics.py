@@ -1,4 +1,5 @@
-"""Run metrics: one JSON object per line in ``RUN_DIR/metrics.jsonl`` and a live progress line.
+"""Run metrics: one JSON object per line in ``RUN_DIR/metrics.jsonl``, TensorBoard scalars in
+``RUN_DIR/tensorboard/`` (when the ``tensorboard`` package is installed) and a progress line.
 
 Each record has ``kind`` (``step`` for a learner step, ``event`` for anything else), ``time``
 (seconds since the run started) and numeric fields. The console shows one line per step:
@@ -23,12 +24,25 @@ class MetricsLogger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.console = console or Console(stderr=True, highlight=False)
         self.t0 = time.monotonic()
+        self._tb: Any = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.path.parent / "tensorboard"))
+        except Exception:  # tensorboard not installed: JSONL only
+            self._tb = None
 
     def log(self, kind: str, **fields: Any) -> dict[str, Any]:
         """Append one record and return it."""
         record = {"kind": kind, "time": round(time.monotonic() - self.t0, 3), **fields}
         with self.path.open("a") as f:
             f.write(json.dumps(record, default=float) + "\n")
+        if self._tb is not None and kind != "event":
+            step = int(fields.get("step", fields.get("version", 0)))
+            for key, value in fields.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._tb.add_scalar(f"{kind}/{key}", value, step)
+            self._tb.flush()
         return record
 
     def step(self, **fields: Any) -> dict[str, Any]:
@@ -50,6 +64,13 @@ class MetricsLogger:
         """Log and print a one-off event (start-up, checkpoint...)."""
         self.console.print(f"[dim]{message}[/]")
         return self.log("event", message=message, **fields)
+
+
+    def close(self) -> None:
+        """Flush and close the TensorBoard writer."""
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
