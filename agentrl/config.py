@@ -34,6 +34,7 @@ __all__ = [
     "RayConfig",
     "SftConfig",
     "EvalConfig",
+    "CheckpointConfig",
     "load_recipe",
     "parse_override",
 ]
@@ -251,6 +252,17 @@ class EvalConfig(_Section):
     """Longest wait for one evaluation, seconds."""
 
 
+class CheckpointConfig(_Section):
+    """Resumable checkpoints (learner state, weights, queue, dataset cursor together)."""
+
+    every_steps: int = Field(0, ge=0)
+    """Write a checkpoint every this many learner steps; 0 = never (only the final weights)."""
+    keep: int = Field(2, gt=0)
+    """Complete checkpoints kept on disk."""
+    resume: bool = True
+    """Resume from the newest checkpoint in the run directory when there is one."""
+
+
 class RayConfig(_Section):
     """Where the actors run."""
 
@@ -296,6 +308,8 @@ class Recipe(_Section):
     """Optional supervised warm-up before RL."""
     eval: EvalConfig = EvalConfig()
     """Held-out evaluation."""
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    """Checkpoints and resume."""
 
     @model_validator(mode="after")
     def _check_batch(self) -> "Recipe":

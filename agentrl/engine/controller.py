@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import socket
 import time
 from collections import Counter, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from agentrl.config import Recipe
 from agentrl.engine.metrics import MetricsLogger
+from agentrl.engine.run_state import RunState, latest_checkpoint, prune_checkpoints, read_state, truncate_logs, write_checkpoint_state
 from agentrl.engine.staleness import StalenessQueue
 from agentrl.engine.trajectory import Trajectory
 from agentrl.errors import AgentRLError, GeneratorError, LearnerError, TimeoutError_
@@ -39,6 +41,12 @@ class RunSummary:
     samples_trained: int
     dropped_stale: int
     infra_failures: int
+    prompt_cursor: int = 0
+    """Prompt indices ``0 .. prompt_cursor - 1`` were issued."""
+    untrained_prompts: list[int] = field(default_factory=list)
+    """Issued prompts not trained when the run ended (queued, in flight or waiting for a retry)."""
+    dropped_prompts: list[int] = field(default_factory=list)
+    """Prompts whose groups were dropped as over-stale."""
 
 
 def _free_port() -> int:
@@ -138,7 +146,7 @@ class Controller:
             for rank in range(lcfg.num_ranks)
         ]
 
-    async def _start_actors(self, model: str, log: MetricsLogger, *, with_learners: bool = True) -> None:
+    async def _start_actors(self, model: str, log: MetricsLogger, *, with_learners: bool = True, version: int = 0) -> None:
         """Start generators, learner ranks (unless ``with_learners`` is False) and rollout workers."""
         import ray
 
@@ -163,7 +171,7 @@ class Controller:
         self.generators = [
             gen_cls.options(
                 num_cpus=g.num_cpus, num_gpus=g.num_gpus, runtime_env={"env_vars": env_vars}, name=None
-            ).remote(settings, timeout_s=g.timeout_s)
+            ).remote(settings, timeout_s=g.timeout_s, version=version)
             for _ in range(g.num_generators)
         ]
         lcfg = r.learner
@@ -289,17 +297,25 @@ class Controller:
                 shutil.rmtree(old, ignore_errors=True)
 
     # ------------------------------------------------------------------ the loop
-    async def _loop(self, rows: list[dict[str, Any]], log: MetricsLogger) -> RunSummary:
+    async def _loop(self, rows: list[dict[str, Any]], log: MetricsLogger, state: RunState | None) -> RunSummary:
         r = self.recipe
         queue = StalenessQueue(batch_size=r.learner.batch_size, group_size=r.rollout.group_size, max_staleness=r.max_staleness)
-        version = 0
-        cursor = 0
+        version, cursor = 0, 0
         retry: deque[int] = deque()
+        infra_failures = gen_tokens = 0
+        if state is not None:
+            version, cursor = state.version, state.cursor
+            retry.extend(state.reissue)
+            for group in state.queued:
+                queue._groups.append(group)
+            queue.stats = state.stats
+            queue.advance(version)
+            infra_failures, gen_tokens = state.infra_failures, state.gen_tokens
         pending: dict[asyncio.Future, tuple[int, str]] = {}
         train_task: asyncio.Task | None = None
-        infra_failures = 0
-        gen_tokens = 0
+        training_prompts: list[int] = []
         t_start = time.monotonic()
+        gen_tokens_at_start = gen_tokens
         wi = 0
         while version < r.learner.max_steps:
             while queue.can_start() and (retry or rows):
@@ -316,7 +332,9 @@ class Controller:
                 pending[fut] = (idx, gid)
                 queue.mark_started()
             if train_task is None and queue.ready():
-                train_task = asyncio.ensure_future(self._train(queue.take_batch(), version))
+                batch = queue.take_batch()
+                training_prompts = [g[0].prompt_index for g in batch if g]
+                train_task = asyncio.ensure_future(self._train(batch, version))
             waiting = set(pending) | ({train_task} if train_task else set())
             if not waiting:
                 raise AgentRLError("nothing to wait for: no prompts left and no batch ready")
@@ -333,16 +351,35 @@ class Controller:
                     self._dump_samples(stats.pop("_examples", []), version)
                     queue.advance(version)
                     now = time.monotonic()
+                    with (self.run_dir / "trained.jsonl").open("a") as f:
+                        f.write(json.dumps({"step": version, "prompts": training_prompts}) + "\n")
                     log.step(
                         step=version,
                         **stats,
-                        gen_tokens_per_s=gen_tokens / max(1e-9, now - t_start),
+                        gen_tokens_per_s=(gen_tokens - gen_tokens_at_start) / max(1e-9, now - t_start),
                         queue_depth=len(queue),
                         started=queue.stats.started,
                         dropped_stale=queue.stats.dropped_stale,
                         infra_failures=infra_failures,
                         prompt_cursor=cursor,
                     )
+                    every = r.checkpoint.every_steps
+                    if every and version % every == 0 and version < r.learner.max_steps:
+                        await self._checkpoint(
+                            RunState(
+                                version=version,
+                                cursor=cursor,
+                                reissue=list(retry) + [idx for idx, _ in pending.values()],
+                                queued=list(queue._groups),
+                                stats=replace(queue.stats, started=queue.stats.started - r.rollout.group_size * len(pending)),
+                                infra_failures=infra_failures,
+                                gen_tokens=gen_tokens,
+                                evals=list(self.evals),
+                            ),
+                            log,
+                        )
+                    if r.eval.every_steps and version % r.eval.every_steps == 0 and version < r.learner.max_steps:
+                        await self._evaluate(version, log)
                     continue
                 idx, gid = pending.pop(fut)
                 try:
@@ -374,6 +411,9 @@ class Controller:
             samples_trained=queue.stats.trained,
             dropped_stale=queue.stats.dropped_stale,
             infra_failures=infra_failures,
+            prompt_cursor=cursor,
+            untrained_prompts=sorted([idx for idx, _ in pending.values()] + list(retry) + [g[0].prompt_index for g in queue._groups if g]),
+            dropped_prompts=list(queue.stats.dropped_prompts),
         )
 
     async def _run(self) -> RunSummary:
@@ -398,8 +438,21 @@ class Controller:
                 summary = RunSummary(self.run_dir, r.sft.steps, 0, Path(model), 0, 0, 0)
                 self._write_summary(summary)
                 return summary
-            await self._start_actors(model, log, with_learners=r.mode != "eval")
-            if r.eval.limit or r.mode == "eval":
+            state = None
+            ckpt = latest_checkpoint(self.run_dir) if r.checkpoint.resume and r.mode in ("async", "sync") else None
+            if ckpt is not None:
+                state = read_state(ckpt)
+                truncate_logs(self.run_dir, state.version)
+                self.evals = list(state.evals)
+                model = str(ckpt / "weights")
+                log.event(f"resuming from {ckpt} (step {state.version}, {len(state.reissue)} prompts re-issued)", step=state.version)
+            await self._start_actors(model, log, with_learners=r.mode != "eval", version=state.version if state else 0)
+            if ckpt is not None:
+                await _timed(
+                    asyncio.gather(*[lr.load_checkpoint.remote(str(ckpt / "learner")) for lr in self.learners]),
+                    r.learner.timeout_s, "loading the learner checkpoint", LearnerError,
+                )
+            if (r.eval.limit or r.mode == "eval") and state is None:
                 self.eval_rows = load_rows(
                     r.data.source, split=r.eval.split, fields=r.data.fields or None, limit=r.eval.limit or None, seed=r.seed
                 )
@@ -408,7 +461,11 @@ class Controller:
                 summary = RunSummary(self.run_dir, 0, 0, Path(model), 0, 0, 0)
                 self._write_summary(summary)
                 return summary
-            summary = await self._loop(rows, log)
+            if r.eval.limit and state is not None:
+                self.eval_rows = load_rows(
+                    r.data.source, split=r.eval.split, fields=r.data.fields or None, limit=r.eval.limit, seed=r.seed
+                )
+            summary = await self._loop(rows, log, state)
             if r.eval.limit:
                 await self._evaluate(summary.version, log)
             self._write_summary(summary)
@@ -417,6 +474,27 @@ class Controller:
             await self._shutdown()
             if started_ray:
                 ray.shutdown()
+
+    async def _checkpoint(self, state: RunState, log: MetricsLogger) -> Path:
+        """Write ``checkpoints/step_N``: learner state (every rank), weights of version N, controller state."""
+        r = self.recipe
+        root = self.run_dir / "checkpoints"
+        final = root / f"step_{state.version:06d}"
+        tmp = root / f".step_{state.version:06d}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        t0 = time.monotonic()
+        await _timed(
+            asyncio.gather(*[lr.save_checkpoint.remote(str(tmp / "learner")) for lr in self.learners]),
+            r.learner.timeout_s, f"saving learner checkpoint {state.version}", LearnerError,
+        )
+        shutil.copytree(self.run_dir / "weights" / f"v{state.version:06d}", tmp / "weights")
+        write_checkpoint_state(tmp, state)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        prune_checkpoints(self.run_dir, r.checkpoint.keep)
+        log.event(f"checkpoint {final.name} ({time.monotonic() - t0:.1f} s)", step=state.version)
+        return final
 
     async def _sft(self, model: str, log: MetricsLogger) -> str:
         """Supervised warm-up on demonstrations; returns the folder of the warmed-up model.
@@ -493,6 +571,9 @@ class Controller:
             "dropped_stale": summary.dropped_stale,
             "infra_failures": summary.infra_failures,
             "final_checkpoint": str(summary.final_checkpoint),
+            "prompt_cursor": summary.prompt_cursor,
+            "untrained_prompts": summary.untrained_prompts,
+            "dropped_prompts": summary.dropped_prompts,
         }
         if self.evals:
             data["eval_before"] = self.evals[0]

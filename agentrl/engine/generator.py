@@ -92,10 +92,10 @@ class Generator:
     """One vLLM engine: ``generate`` (token ids in, token ids + logprobs + versions out) and
     ``update_weights`` (in-flight reload). Call ``start()`` once before use."""
 
-    def __init__(self, settings: EngineSettings, *, timeout_s: float = 300.0) -> None:
+    def __init__(self, settings: EngineSettings, *, timeout_s: float = 300.0, version: int = 0) -> None:
         self.settings = settings
         self.timeout_s = timeout_s
-        self.version = 0
+        self.version = version
         self.engine: Any = None
         self._ids = itertools.count()
         self._prefix = f"g{os.getpid()}-"

@@ -13,7 +13,7 @@ Groups travel together: they are admitted, queued and batched as a unit.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agentrl.engine.trajectory import Trajectory
 
@@ -27,6 +27,8 @@ class QueueStats:
     trained: int = 0
     dropped_stale: int = 0
     dropped_infra: int = 0
+    dropped_prompts: list[int] = field(default_factory=list)
+    """Prompt indices of groups dropped as over-stale (never trained)."""
 
 
 class StalenessQueue:
@@ -83,6 +85,7 @@ class StalenessQueue:
         for group in self._groups:
             if any(self.staleness(t) > self.max_staleness for t in group):
                 self.stats.dropped_stale += len(group)
+                self.stats.dropped_prompts.append(group[0].prompt_index)
             else:
                 kept.append(group)
         self._groups = kept
