@@ -143,8 +143,9 @@ class RolloutWorker:
     """Plays groups of episodes concurrently against one environment type.
 
     ``generators`` are objects with an async ``generate(prompt_ids, sampling)`` method or Ray
-    actor handles of :class:`~agentrl.engine.generator.Generator`; a group always goes to one
-    generator (its samples share the prompt, so prefix caching pays off).
+    actor handles of :class:`~agentrl.engine.generator.Generator`. Routing: a group goes to the
+    generator with the fewest outstanding tokens from this worker when it starts, and all its
+    samples and turns stay there (they share the prompt, so prefix caching pays off).
     """
 
     def __init__(
@@ -174,6 +175,8 @@ class RolloutWorker:
 
             self.sandbox = create_sandbox(sandbox_kind, **sandbox_kwargs)
         self.generators = generators
+        self.outstanding = [0] * len(generators)
+        """Tokens (prompt + max new) of this worker's requests in flight, per generator."""
         self.sampling = dict(sampling)
         self.max_new_tokens = max_new_tokens
         self.max_episode_tokens = max_episode_tokens
@@ -181,24 +184,33 @@ class RolloutWorker:
         self.generate_timeout_s = generate_timeout_s
         self.seed = seed
 
-    def _generate_fn(self, group_id: str) -> GenerateFn:
-        gen = self.generators[zlib.crc32(group_id.encode()) % len(self.generators)]
+    def pick_generator(self) -> int:
+        """Index of the generator with the fewest outstanding tokens from this worker (ties: the
+        lowest index). A whole group is pinned to the generator picked when it starts."""
+        return min(range(len(self.generators)), key=lambda i: (self.outstanding[i], i))
+
+    def _generate_fn(self, gen_index: int) -> GenerateFn:
+        gen = self.generators[gen_index]
         remote = hasattr(gen.generate, "remote")
 
         async def generate(ids: list[int], params: dict[str, Any]) -> Generation:
             from agentrl.errors import GeneratorError
 
+            load = len(ids) + int(params.get("max_tokens", 0))
+            self.outstanding[gen_index] += load
             try:
                 with anyio.fail_after(self.generate_timeout_s):
                     if remote:
                         return await gen.generate.remote(ids, params)
                     return await gen.generate(ids, params)
             except TimeoutError:
-                raise GeneratorError(f"generator did not answer within {self.generate_timeout_s} s") from None
+                raise GeneratorError(f"generator {gen_index} did not answer within {self.generate_timeout_s} s") from None
             except AgentRLError:
                 raise
             except Exception as exc:  # a dead Ray actor, a lost connection
-                raise GeneratorError(f"generator call failed: {type(exc).__name__}: {exc}") from exc
+                raise GeneratorError(f"generator {gen_index} call failed: {type(exc).__name__}: {exc}") from exc
+            finally:
+                self.outstanding[gen_index] -= load
 
         return generate
 
@@ -216,8 +228,12 @@ class RolloutWorker:
         """Play ``n`` episodes of the prompt ``row`` concurrently; return them in sample order.
         ``sampling`` overrides the worker's sampling arguments for this group (e.g. greedy eval)."""
         results: list[Trajectory | None] = [None] * n
-        generate = self._generate_fn(group_id)
+        gen_index = self.pick_generator()
+        generate = self._generate_fn(gen_index)
         params = {**self.sampling, **(sampling or {})}
+        # reserve the group's expected load at once, so that groups starting together spread out
+        reserve = n * self.max_new_tokens
+        self.outstanding[gen_index] += reserve
 
         async def one(i: int) -> None:
             async with self.limiter:
@@ -239,9 +255,12 @@ class RolloutWorker:
                 finally:
                     await env.unwrapped.aclose()
 
-        async with anyio.create_task_group() as tg:
-            for i in range(n):
-                tg.start_soon(one, i)
+        try:
+            async with anyio.create_task_group() as tg:
+                for i in range(n):
+                    tg.start_soon(one, i)
+        finally:
+            self.outstanding[gen_index] -= reserve
         return [r for r in results if r is not None]
 
     async def shutdown(self) -> None:

@@ -145,3 +145,36 @@ def test_sandbox_failure_is_infra_failure(tok_with_template):
                              sampling={}, max_new_tokens=64, max_episode_tokens=1024)
     )
     assert t.status == "infra_failure" and not t.trainable
+
+
+def test_routing_least_outstanding_tokens_with_group_affinity(tiny_calc_model):
+    """Two slow fake generators: concurrent groups spread over both, each group stays on one."""
+    from agentrl.engine.rollout import RolloutWorker
+
+    tok = load_tokenizer(str(tiny_calc_model))
+
+    class SlowGen:
+        def __init__(self, name):
+            self.name, self.calls = name, []
+
+        async def generate(self, ids, params):
+            self.calls.append(params["seed"])
+            await anyio.sleep(0.05)
+            out = tok.encode("\\boxed{413}<|im_end|>", add_special_tokens=False)
+            return Generation(out, [-0.1] * len(out), [0] * len(out), "stop")
+
+    gens = [SlowGen("a"), SlowGen("b")]
+    worker = RolloutWorker(
+        model=str(tiny_calc_model), env_id="agentrl/Calc-v0", env_kwargs={"sandbox": FakeSandbox()},
+        sandbox_kind=None, sandbox_kwargs={}, generators=gens, sampling={}, max_new_tokens=16,
+        max_episode_tokens=512, max_concurrent_episodes=16, generate_timeout_s=10, seed=0,
+    )
+
+    async def main():
+        async with anyio.create_task_group() as tg:
+            for i in range(4):
+                tg.start_soon(worker.run_group, ROW, i, f"g{i}", 3)
+
+    anyio.run(main)
+    assert len(gens[0].calls) == 6 and len(gens[1].calls) == 6  # 4 groups of 3 split 2/2
+    assert worker.outstanding == [0, 0]
