@@ -29,6 +29,9 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument("recipe", help="path to a TOML recipe")
         c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a recipe value, e.g. --set learner.lr=1e-5 (repeatable)")
+        if name == "check":
+            c.add_argument("--dry-run", action="store_true",
+                           help="also resolve the model, data, environment and sandbox offline")
     ev = sub.add_parser("eval", help="evaluate a checkpoint on the recipe's held-out rows (mode eval)")
     ev.add_argument("recipe", help="path to a TOML recipe")
     ev.add_argument("--checkpoint", required=True, help="a Hugging Face folder (e.g. RUN_DIR/final) or hub id")
@@ -66,6 +69,10 @@ def _check(args: argparse.Namespace) -> int:
 
     recipe = load_recipe(args.recipe, args.overrides)
     print(f"{args.recipe}: ok (mode={recipe.mode}, model={recipe.model.path}, env={recipe.env.id})")
+    if args.dry_run:
+        from agentrl.dryrun import dry_run
+
+        return 0 if dry_run(recipe) else 2
     return 0
 
 

@@ -128,6 +128,8 @@ class GeneratorConfig(_Section):
     """KV-cache size per engine, GiB (CPU: host memory; GPU: ``gpu_memory_utilization`` is used instead)."""
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
     """Fraction of GPU memory per engine (GPU machines only)."""
+    tensor_parallel_size: int = Field(1, gt=0)
+    """GPUs per engine (tensor parallelism; GPU machines only)."""
     enforce_eager: bool = True
     """Disable CUDA graphs / compilation (faster start-up; recommended for tiny models and CPU)."""
     enable_prefix_caching: bool = True
@@ -136,6 +138,9 @@ class GeneratorConfig(_Section):
     """Ray CPUs reserved per generator actor."""
     num_gpus: float = Field(0.0, ge=0)
     """Ray GPUs reserved per generator actor (0 on CPU machines)."""
+    resources: dict[str, float] = {}
+    """Custom Ray resources each generator actor requires (places generators on the nodes that
+    offer them, e.g. ``{gen_node = 1}`` for nodes started with ``--resources``)."""
     cpu_threads_bind: str = "auto"
     """``VLLM_CPU_OMP_THREADS_BIND`` for CPU engines: ``auto``, ``all`` or a core list like ``0-1``."""
     timeout_s: float = Field(300.0, gt=0)

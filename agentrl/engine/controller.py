@@ -166,11 +166,13 @@ class Controller:
             enable_prefix_caching=g.enable_prefix_caching,
             cpu_threads_bind=g.cpu_threads_bind,
             seed=r.seed,
+            extra={"tensor_parallel_size": g.tensor_parallel_size} if g.tensor_parallel_size > 1 else {},
         )
         gen_cls = ray.remote(Generator)
         self.generators = [
             gen_cls.options(
-                num_cpus=g.num_cpus, num_gpus=g.num_gpus, runtime_env={"env_vars": env_vars}, name=None
+                num_cpus=g.num_cpus, num_gpus=g.num_gpus, resources=dict(g.resources) or None,
+                runtime_env={"env_vars": env_vars},
             ).remote(settings, timeout_s=g.timeout_s, version=version)
             for _ in range(g.num_generators)
         ]
@@ -180,7 +182,7 @@ class Controller:
             _timed(asyncio.gather(*[a.start.remote() for a in self.generators]), g.startup_timeout_s, "generator start-up", GeneratorError),
             _timed(asyncio.gather(*[a.setup.remote() for a in self.learners]), lcfg.timeout_s, "learner set-up", LearnerError),
         )
-        log.event(f"generators ready: {gen_info}")
+        log.event(f"generators ready: {gen_info}", generators=gen_info)
         if with_learners:
             log.event(f"learner ready: {learner_info}")
         ro = r.rollout

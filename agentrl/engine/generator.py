@@ -141,7 +141,15 @@ class Generator:
         except Exception as exc:
             raise GeneratorError(f"vLLM engine for {s.model!r} failed to start: {exc}") from exc
         await self.engine.update_weight_version(str(self.version))
-        return {"startup_s": time.monotonic() - t0, "device": "cuda" if on_gpu else "cpu", "pid": os.getpid()}
+        info: dict[str, Any] = {"startup_s": time.monotonic() - t0, "device": "cuda" if on_gpu else "cpu", "pid": os.getpid()}
+        try:
+            import ray
+
+            if ray.is_initialized():
+                info["node_id"] = ray.get_runtime_context().get_node_id()
+        except ImportError:  # pragma: no cover
+            pass
+        return info
 
     async def generate(self, prompt_token_ids: list[int], sampling: dict[str, Any]) -> Generation:
         """Sample a continuation of ``prompt_token_ids``.

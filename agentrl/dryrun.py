@@ -1,0 +1,91 @@
+"""``agentrl check RECIPE --dry-run``: resolve what can be resolved without running anything.
+
+Each check prints one line: ``ok``, ``offline`` (needs the network: a hub model or dataset that
+is not cached here — not an error on a machine without internet), or ``error`` (the recipe
+cannot run anywhere). The run directory is not created and no actor is started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from agentrl.config import Recipe
+from agentrl.errors import AgentRLError, DataError, ModelError
+
+__all__ = ["dry_run"]
+
+
+def _model(recipe: Recipe) -> tuple[str, str]:
+    from agentrl.models.loading import load_tokenizer, looks_like_local_path
+
+    path = recipe.model.path
+    if recipe.model.build and not Path(path).exists():
+        return "ok", f"{path}: will be built ({recipe.model.build})"
+    try:
+        tok = load_tokenizer(path)
+    except ModelError as exc:
+        if looks_like_local_path(path):
+            return "error", str(exc)
+        return "offline", f"{path}: hub model, not reachable or cached here"
+    has_template = bool(getattr(tok, "chat_template", None))
+    return ("ok" if has_template else "error"), f"{path}: tokenizer loads ({len(tok)} tokens, chat template {'present' if has_template else 'MISSING'})"
+
+
+def _data(recipe: Recipe, split: str, limit: int | None) -> tuple[str, str]:
+    from agentrl.envs.data import load_rows
+
+    src = recipe.data.source
+    try:
+        rows = load_rows(src, split=split, fields=recipe.data.fields or None, limit=limit or 4, seed=recipe.seed)
+    except DataError as exc:
+        local = src.startswith("synthetic:") or Path(src).suffix in (".jsonl", ".json", ".parquet")
+        return ("error" if local else "offline"), str(exc)
+    return "ok", f"{src} [{split}]: rows load (first: {str(rows[0])[:80]}...)"
+
+
+def _env(recipe: Recipe) -> tuple[str, str]:
+    from agentrl.envs import make_env
+
+    try:
+        env = make_env(recipe.env.id, **{"sandbox": recipe.sandbox.type, **recipe.env.kwargs})
+        env.close()
+    except AgentRLError as exc:
+        return "error", str(exc)
+    return "ok", f"{recipe.env.id}: builds with {recipe.env.kwargs or 'no kwargs'}"
+
+
+def _sandbox(recipe: Recipe) -> tuple[str, str]:
+    import shutil
+
+    if recipe.sandbox.type == "bubblewrap" and not shutil.which("bwrap"):
+        return "error", "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
+    return "ok", f"{recipe.sandbox.type}"
+
+
+def _resources(recipe: Recipe) -> tuple[str, str]:
+    g, lr = recipe.generator, recipe.learner
+    gpus = g.num_generators * max(g.num_gpus, g.tensor_parallel_size if g.num_gpus else 0) + lr.num_ranks * lr.num_gpus
+    cpus = g.num_generators * g.num_cpus + lr.num_ranks * lr.num_cpus + recipe.rollout.num_workers * recipe.rollout.num_cpus
+    return "ok", f"needs {gpus:g} GPUs and {cpus:g} CPUs in the Ray cluster ({g.num_generators} generators, {lr.num_ranks} learner ranks)"
+
+
+def dry_run(recipe: Recipe, echo: Callable[[str], None] = print) -> bool:
+    """Run every offline check; print one line each; return False if any is an ``error``."""
+    checks = [
+        ("model", lambda: _model(recipe)),
+        ("data", lambda: _data(recipe, recipe.data.split, recipe.data.limit)),
+        ("eval data", lambda: _data(recipe, recipe.eval.split, recipe.eval.limit) if recipe.eval.limit else ("ok", "no evaluation")),
+        ("environment", lambda: _env(recipe)),
+        ("sandbox", lambda: _sandbox(recipe)),
+        ("resources", lambda: _resources(recipe)),
+    ]
+    ok = True
+    for name, fn in checks:
+        try:
+            status, detail = fn()
+        except Exception as exc:  # a check must never crash the dry run
+            status, detail = "error", f"{type(exc).__name__}: {exc}"
+        ok &= status != "error"
+        echo(f"{status:>8}  {name:<12} {detail}")
+    return ok

@@ -1,0 +1,66 @@
+"""Two Ray nodes on one machine (`ray start --head`, `ray start --address`): the generator is
+placed by a custom resource on the second node and the run completes against the cluster."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.e2e
+@pytest.mark.vllm
+def test_generator_runs_on_second_node(tmp_path, tiny_calc_model):
+    port = _port()
+    address = f"127.0.0.1:{port}"
+    env = {**os.environ, "RAY_DEDUP_LOGS": "0"}
+    temp = tmp_path / "ray"
+    head = ["--head", f"--port={port}", "--num-cpus=3", "--include-dashboard=false", f"--temp-dir={temp}"]
+    subprocess.run([RAY, "start", *head], check=True, capture_output=True, timeout=120, env=env)
+    try:
+        subprocess.run(
+            [RAY, "start", f"--address={address}", "--num-cpus=1", '--resources={"gen_node": 1}'],
+            check=True, capture_output=True, timeout=120, env=env,
+        )
+        run_dir = tmp_path / "run"
+        cmd = [
+            sys.executable, "-m", "agentrl.cli", "train", str(REPO / "recipes" / "tiny_calc.toml"),
+            "--set", f"run_dir='{run_dir}'",
+            "--set", f"model.path='{tiny_calc_model}'",
+            "--set", f"ray.address='{address}'",
+            "--set", "generator.resources={gen_node = 1}",
+            "--set", "sft.steps=0",
+            "--set", "eval.limit=0",
+            "--set", "learner.max_steps=2",
+            "--set", "learner.batch_size=8",
+            "--set", "rollout.max_new_tokens=16",
+        ]
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-5000:]
+        events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        gen_nodes = [g["node_id"] for e in events if "generators" in e for g in e["generators"]]
+        assert gen_nodes, "the run did not report where its generator ran"
+
+        import ray
+
+        ray.init(address=address, logging_level="error")
+        try:
+            second = [n["NodeID"] for n in ray.nodes() if n["Alive"] and "gen_node" in n["Resources"]]
+        finally:
+            ray.shutdown()
+        assert gen_nodes == second
+        assert [e["step"] for e in events if e["kind"] == "step"] == [1, 2]
+    finally:
+        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120, env=env)
