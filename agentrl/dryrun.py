@@ -35,11 +35,15 @@ def _model(recipe: Recipe) -> tuple[str, str]:
 def _data(recipe: Recipe, split: str, limit: int | None) -> tuple[str, str]:
     from agentrl.envs.data import load_rows
 
+    from agentrl.models.loading import _hub_reachable
+
     src = recipe.data.source
+    local = src.startswith("synthetic:") or Path(src).suffix in (".jsonl", ".json", ".parquet")
+    if not local and not _hub_reachable():
+        return "offline", f"{src}: hub dataset, the Hugging Face Hub is not reachable from here"
     try:
         rows = load_rows(src, split=split, fields=recipe.data.fields or None, limit=limit or 4, seed=recipe.seed)
     except DataError as exc:
-        local = src.startswith("synthetic:") or Path(src).suffix in (".jsonl", ".json", ".parquet")
         return ("error" if local else "offline"), str(exc)
     return "ok", f"{src} [{split}]: rows load (first: {str(rows[0])[:80]}...)"
 

@@ -318,6 +318,7 @@ class Controller:
         training_prompts: list[int] = []
         t_start = time.monotonic()
         gen_tokens_at_start = gen_tokens
+        log.event(f"RL loop started at version {version}", loop_start=True, step=version)
         wi = 0
         while version < r.learner.max_steps:
             while queue.can_start() and (retry or rows):

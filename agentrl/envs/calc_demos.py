@@ -22,7 +22,7 @@ def _corrupt(value: str, rng: random.Random) -> str:
 
 
 def demonstrations(
-    n: int, seed: int = 0, *, p_direct: float = 0.6, p_copy_error: float = 0.2
+    n: int, seed: int = 0, *, p_direct: float = 0.25, p_copy_error: float = 0.3
 ) -> list[list[dict[str, str]]]:
     """``n`` chat conversations (lists of role/content messages) solving Calc-v0 problems.
 

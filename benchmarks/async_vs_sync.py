@@ -1,0 +1,75 @@
+"""Async (bounded staleness) against sync (on-policy) RL: wall-clock for the same samples.
+
+Runs ``agentrl train`` on the same recipe, seed and number of learner steps (hence the same
+number of trained samples) in ``sync`` mode (``max_staleness = 0``: generate a batch, train,
+update, repeat) and in ``async`` mode with ``max_staleness = 1`` and 2, ``--repeats`` times each,
+interleaved, and prints the median RL-loop wall-clock (first step started to last step done,
+engine start-up excluded) with its ratio to sync measured in the same run.
+
+    .venv/bin/python benchmarks/async_vs_sync.py --steps 20 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_once(mode: str, staleness: int, steps: int, model: Path, workdir: Path, extra: list[str]) -> dict:
+    run_dir = workdir / f"{mode}-{staleness}-{len(list(workdir.iterdir()))}"
+    cmd = [
+        sys.executable, "-m", "agentrl.cli", "train", str(REPO / "recipes" / "tiny_calc.toml"),
+        "--set", f"run_dir='{run_dir}'", "--set", f"model.path='{model}'",
+        "--set", f"mode={mode}", "--set", f"algo.max_staleness={staleness}",
+        "--set", "sft.steps=0", "--set", "eval.limit=0", "--set", f"learner.max_steps={steps}",
+        *extra,
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600)
+    if proc.returncode:
+        raise SystemExit(f"{mode} run failed:\n{proc.stderr[-3000:]}")
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    start = next(r["time"] for r in recs if r.get("loop_start"))
+    steps_ = [r for r in recs if r["kind"] == "step"]
+    samples = sum(r["samples"] for r in steps_)
+    wall = steps_[-1]["time"] - start
+    stale = sum(int(k) * v for r in steps_ for k, v in r["staleness_hist"].items()) / max(1, samples)
+    return {"wall_s": wall, "samples": samples, "samples_per_s": samples / wall, "mean_staleness": stale}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--set", dest="extra", action="append", default=[], help="extra recipe overrides")
+    args = ap.parse_args()
+    extra = [x for item in args.extra for x in ("--set", item)]
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        model = work / "model"
+        subprocess.run([sys.executable, "-m", "agentrl.cli", "model", "init", "tiny", str(model)], check=True, cwd=REPO, capture_output=True)
+        (work / "runs").mkdir()
+        configs = [("sync", 0), ("async", 1), ("async", 2)]
+        results: dict[tuple[str, int], list[dict]] = {c: [] for c in configs}
+        for _ in range(args.repeats):
+            for mode, s in configs:
+                results[(mode, s)].append(run_once(mode, s, args.steps, model, work / "runs", extra))
+    base = statistics.median(r["wall_s"] for r in results[("sync", 0)])
+    print(f"\n{args.steps} learner steps, {args.repeats} repeats (median), same recipe and seed\n")
+    print(f"| mode | max_staleness | RL wall-clock s | samples/s | mean staleness | speed-up vs sync |")
+    print(f"| --- | --- | --- | --- | --- | --- |")
+    for (mode, s), rs in results.items():
+        wall = statistics.median(r["wall_s"] for r in rs)
+        sps = statistics.median(r["samples_per_s"] for r in rs)
+        st = statistics.median(r["mean_staleness"] for r in rs)
+        print(f"| {mode} | {s} | {wall:.1f} | {sps:.1f} | {st:.2f} | {base / wall:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
