@@ -246,9 +246,13 @@ class EvalConfig(_Section):
     """Held-out evaluation before and after RL (and every ``every_steps``)."""
 
     limit: int = Field(0, ge=0)
-    """Held-out rows (``data.source`` with split ``eval_split``); 0 = no evaluation."""
+    """Held-out rows to evaluate on; 0 = no evaluation."""
+    source: str | None = None
+    """Evaluation dataset (same forms as ``data.source``); None = ``data.source``."""
+    fields: dict[str, str] | None = None
+    """Column mapping of ``source``; None = ``data.fields``."""
     split: str = "test"
-    """Split of ``data.source`` used for evaluation (synthetic sources draw different problems)."""
+    """Split of the evaluation dataset (synthetic sources draw different problems per split)."""
     temperature: float = Field(0.0, ge=0)
     """Sampling temperature of evaluation episodes (0 = greedy)."""
     every_steps: int = Field(0, ge=0)

@@ -32,17 +32,19 @@ def _model(recipe: Recipe) -> tuple[str, str]:
     return ("ok" if has_template else "error"), f"{path}: tokenizer loads ({len(tok)} tokens, chat template {'present' if has_template else 'MISSING'})"
 
 
-def _data(recipe: Recipe, split: str, limit: int | None) -> tuple[str, str]:
+def _data(
+    recipe: Recipe, split: str, limit: int | None, source: str | None = None, fields: dict[str, str] | None = None
+) -> tuple[str, str]:
     from agentrl.envs.data import load_rows
-
     from agentrl.models.loading import _hub_reachable
 
-    src = recipe.data.source
+    src = source or recipe.data.source
+    fields = fields if fields is not None else recipe.data.fields
     local = src.startswith("synthetic:") or Path(src).suffix in (".jsonl", ".json", ".parquet")
     if not local and not _hub_reachable():
         return "offline", f"{src}: hub dataset, the Hugging Face Hub is not reachable from here"
     try:
-        rows = load_rows(src, split=split, fields=recipe.data.fields or None, limit=limit or 4, seed=recipe.seed)
+        rows = load_rows(src, split=split, fields=fields or None, limit=limit or 4, seed=recipe.seed)
     except DataError as exc:
         return ("error" if local else "offline"), str(exc)
     return "ok", f"{src} [{split}]: rows load (first: {str(rows[0])[:80]}...)"
@@ -79,7 +81,7 @@ def dry_run(recipe: Recipe, echo: Callable[[str], None] = print) -> bool:
     checks = [
         ("model", lambda: _model(recipe)),
         ("data", lambda: _data(recipe, recipe.data.split, recipe.data.limit)),
-        ("eval data", lambda: _data(recipe, recipe.eval.split, recipe.eval.limit) if recipe.eval.limit else ("ok", "no evaluation")),
+        ("eval data", lambda: _data(recipe, recipe.eval.split, recipe.eval.limit, recipe.eval.source, recipe.eval.fields) if recipe.eval.limit else ("ok", "no evaluation")),
         ("environment", lambda: _env(recipe)),
         ("sandbox", lambda: _sandbox(recipe)),
         ("resources", lambda: _resources(recipe)),

@@ -457,7 +457,8 @@ class Controller:
                 )
             if (r.eval.limit or r.mode == "eval") and state is None:
                 self.eval_rows = load_rows(
-                    r.data.source, split=r.eval.split, fields=r.data.fields or None, limit=r.eval.limit or None, seed=r.seed
+                    r.eval.source or r.data.source, split=r.eval.split,
+                    fields=(r.eval.fields if r.eval.fields is not None else r.data.fields) or None, limit=r.eval.limit or None, seed=r.seed
                 )
                 await self._evaluate(0, log)
             if r.mode == "eval":
@@ -466,7 +467,8 @@ class Controller:
                 return summary
             if r.eval.limit and state is not None:
                 self.eval_rows = load_rows(
-                    r.data.source, split=r.eval.split, fields=r.data.fields or None, limit=r.eval.limit, seed=r.seed
+                    r.eval.source or r.data.source, split=r.eval.split,
+                    fields=(r.eval.fields if r.eval.fields is not None else r.data.fields) or None, limit=r.eval.limit, seed=r.seed
                 )
             summary = await self._loop(rows, log, state)
             if r.eval.limit:
