@@ -146,11 +146,50 @@ class Controller:
             for rank in range(lcfg.num_ranks)
         ]
 
+    def _new_generator(self, settings: Any, version: int) -> Any:
+        """A (not yet started) generator actor with the recipe's placement."""
+        import ray
+
+        from agentrl.engine.generator import Generator
+
+        g = self.recipe.generator
+        return ray.remote(Generator).options(
+            num_cpus=g.num_cpus, num_gpus=g.num_gpus, resources=dict(g.resources) or None,
+            runtime_env={"env_vars": self._env_vars},
+        ).remote(settings, timeout_s=g.timeout_s, version=version)
+
+    async def _heal_generators(self, version: int, log: MetricsLogger) -> int:
+        """Replace every generator that does not answer a health check with a new one serving the
+        current weights (version ``version``); hand the new set to the rollout workers. Returns
+        how many were replaced. Episodes that were on a dead generator are already marked
+        ``infra_failure`` by the workers and stay out of the loss."""
+        import ray
+
+        g = self.recipe.generator
+        replaced = 0
+        for i, gen in enumerate(list(self.generators)):
+            try:
+                await asyncio.wait_for(gen.stats.remote(), 30)
+                continue
+            except Exception as exc:  # dead actor, crashed engine, no answer
+                reason = f"{type(exc).__name__}: {str(exc)[:200]}"
+            ray.kill(gen, no_restart=True)
+            weights = self.run_dir / "weights" / f"v{version:06d}"
+            settings = replace(self._engine_settings, model=str(weights) if version > 0 and weights.exists() else self._engine_settings.model)
+            new = self._new_generator(settings, version)
+            await _timed(new.start.remote(), g.startup_timeout_s, f"restarting generator {i}", GeneratorError)
+            self.generators[i] = new
+            replaced += 1
+            log.event(f"generator {i} restarted at version {version} ({reason})", generator_restarts=1)
+        if replaced:
+            await asyncio.gather(*[w.set_generators.remote(self.generators) for w in self.workers])
+        return replaced
+
     async def _start_actors(self, model: str, log: MetricsLogger, *, with_learners: bool = True, version: int = 0) -> None:
         """Start generators, learner ranks (unless ``with_learners`` is False) and rollout workers."""
         import ray
 
-        from agentrl.engine.generator import EngineSettings, Generator
+        from agentrl.engine.generator import EngineSettings
         from agentrl.engine.rollout import RolloutWorker
 
         r = self.recipe
@@ -168,14 +207,8 @@ class Controller:
             seed=r.seed,
             extra={"tensor_parallel_size": g.tensor_parallel_size} if g.tensor_parallel_size > 1 else {},
         )
-        gen_cls = ray.remote(Generator)
-        self.generators = [
-            gen_cls.options(
-                num_cpus=g.num_cpus, num_gpus=g.num_gpus, resources=dict(g.resources) or None,
-                runtime_env={"env_vars": env_vars},
-            ).remote(settings, timeout_s=g.timeout_s, version=version)
-            for _ in range(g.num_generators)
-        ]
+        self._engine_settings, self._env_vars = settings, env_vars
+        self.generators = [self._new_generator(settings, version) for _ in range(g.num_generators)]
         lcfg = r.learner
         self.learners = self._learner_actors(model, env_vars=env_vars) if with_learners else []
         gen_info, learner_info = await asyncio.gather(
@@ -366,6 +399,12 @@ class Controller:
                         infra_failures=infra_failures,
                         prompt_cursor=cursor,
                     )
+                    if os.environ.get("AGENTRL_FAULT_KILL_GENERATOR_AFTER_STEP") == str(version):
+                        # fault injection for tests: a generator dies as if its node was lost
+                        import ray
+
+                        log.event(f"fault injection: killing generator 0 after step {version}")
+                        ray.kill(self.generators[0], no_restart=True)
                     every = r.checkpoint.every_steps
                     if every and version % every == 0 and version < r.learner.max_steps:
                         await self._checkpoint(
@@ -392,10 +431,14 @@ class Controller:
                     queue.mark_lost(r.rollout.group_size)
                     retry.append(idx)
                     log.event(f"group {gid} lost ({type(exc).__name__}: {exc}); re-issued")
+                    await self._heal_generators(version, log)
                     continue
-                infra_failures += sum(1 for t in group if not t.trainable)
+                failed = [t for t in group if not t.trainable]
+                infra_failures += len(failed)
                 gen_tokens += sum(t.num_generated for t in group)
                 queue.put(group)
+                if any("GeneratorError" in t.info.get("error", "") for t in failed):
+                    await self._heal_generators(version, log)
         for fut in pending:
             fut.cancel()
         final = self.run_dir / "final"

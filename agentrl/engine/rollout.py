@@ -184,6 +184,12 @@ class RolloutWorker:
         self.generate_timeout_s = generate_timeout_s
         self.seed = seed
 
+    def set_generators(self, generators: list[Any]) -> None:
+        """Replace the generator handles (after a restart); groups in flight keep theirs."""
+        if len(generators) != len(self.generators):
+            self.outstanding = [0] * len(generators)
+        self.generators = list(generators)
+
     def pick_generator(self) -> int:
         """Index of the generator with the fewest outstanding tokens from this worker (ties: the
         lowest index). A whole group is pinned to the generator picked when it starts."""

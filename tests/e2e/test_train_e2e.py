@@ -24,8 +24,13 @@ def test_train_tiny_calc_end_to_end(tmp_path, tiny_calc_model):
         "--set", "rollout.group_size=4",
         "--set", "rollout.max_new_tokens=24",
         "--set", "data.limit=64",
+        "--set", "sft.steps=0",
+        "--set", "eval.limit=0",
     ]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env={**os.environ, "RAY_DEDUP_LOGS": "0"})
+    # a generator is killed after the first step (as if its node died): the run must replace it,
+    # keep the episodes it lost out of the loss, and finish
+    env = {**os.environ, "RAY_DEDUP_LOGS": "0", "AGENTRL_FAULT_KILL_GENERATOR_AFTER_STEP": "1"}
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -36,6 +41,8 @@ def test_train_tiny_calc_end_to_end(tmp_path, tiny_calc_model):
     for s in steps:
         assert s["samples"] == 8
         assert all(int(k) <= 1 for k in s["staleness_hist"])  # max_staleness = 1
+    events = [r["message"] for r in records if r["kind"] == "event"]
+    assert any("generator 0 restarted at version 1" in e for e in events), events
     published = sorted(p.name for p in (run_dir / "weights").iterdir())
     assert len(published) >= 2
 
