@@ -3,15 +3,34 @@
 ``Learner`` is a plain class (one per process); the controller wraps it as a Ray actor and calls
 every rank's method at the same time (they run collectives together). The model is wrapped per
 decoder layer with ``torch.distributed.fsdp.fully_shard``; the process group is ``gloo`` on CPU
-and ``nccl`` on GPU.
+and ``nccl`` on GPU. On GPU, a ``bfloat16``/``float16`` dtype means mixed precision: float32
+master weights and optimizer state, compute in the low dtype, gradients reduced in float32. On
+CPU everything is float32 (so that learner and generator log-probs can be compared).
 
 A training sample is a dict with ``tokens``, ``loss_mask``, ``behaviour_logprobs`` (per token,
-as in :class:`~agentrl.engine.trajectory.Trajectory`) and ``advantage`` (one float).
+as in :class:`~agentrl.engine.trajectory.Trajectory`), ``advantage`` (one float) and optionally
+``versions`` (per token: the weight version that sampled it; used for the mismatch metric).
+
+One :meth:`Learner.train_step` per batch (one published weight version):
+
+1. the batch is split into ``updates_per_batch`` mini-batches (one optimizer step each);
+2. each mini-batch is planned into micro-batches of at most ``micro_batch_tokens`` padded
+   tokens (:func:`plan_microbatches`, sorted by length so padding stays small); every rank
+   computes the same plan and runs its share;
+3. when asked (or needed: more than one update), the proximal log-probs are recomputed for the
+   whole batch first, without gradient (decoupled PPO, see :mod:`agentrl.algos.objective`);
+4. each micro-batch: a forward pass that computes chosen-token log-probs in chunks
+   (:mod:`agentrl.engine.logprobs`), an optional frozen reference model's log-probs (KL term),
+   :func:`agentrl.algos.policy_loss` normalised by the *mini-batch's* token/sequence counts,
+   and a backward pass; FSDP reduces the gradients across ranks;
+5. gradient clipping, AdamW, the LR schedule (:func:`lr_multiplier`).
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
+import math
 import os
 import shutil
 import time
@@ -21,21 +40,27 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from agentrl.algos import ppo_clip_loss
+from agentrl.algos import STAT_KEYS, ObjectiveSettings, policy_loss
 from agentrl.errors import LearnerError
 
-__all__ = ["Learner", "plan_microbatches", "token_logprobs", "write_hf_folder"]
+__all__ = ["Learner", "lr_multiplier", "plan_microbatches", "token_logprobs", "write_hf_folder"]
+
+LR_SCHEDULES = ("constant", "linear", "cosine")
 
 
 def plan_microbatches(lengths: list[int], token_budget: int, world_size: int) -> list[list[int]]:
     """Group sample indices into micro-batches of at most ``token_budget`` padded tokens.
 
     Samples are sorted by length (longest first) so that padding stays small; a sample longer
-    than the budget gets a micro-batch of its own. The number of micro-batches is padded with
-    empty ones to a multiple of ``world_size`` so that every rank runs the same number of
-    forward/backward passes (FSDP collectives must match). Every rank computes the same plan;
-    rank ``r`` takes micro-batches ``r, r + world_size, ...``.
+    than the budget gets a micro-batch of its own. When the number of micro-batches is not a
+    multiple of ``world_size`` (every rank must run the same number of forward/backward passes:
+    FSDP collectives must match), the costliest multi-sample micro-batches are split in two;
+    only if that is impossible are empty micro-batches added. The plan is ordered by cost
+    (padded tokens), descending. Every rank computes the same plan; rank ``r`` runs micro-batches
+    ``r, r + world_size, ...``.
     """
+    if token_budget <= 0 or world_size <= 0:
+        raise ValueError(f"token_budget ({token_budget}) and world_size ({world_size}) must be positive")
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     plan: list[list[int]] = []
     current: list[int] = []
@@ -49,16 +74,57 @@ def plan_microbatches(lengths: list[int], token_budget: int, world_size: int) ->
         longest = new_longest
     if current:
         plan.append(current)
+
+    def cost(mb: list[int]) -> int:
+        return max((lengths[i] for i in mb), default=0) * len(mb)
+
+    while len(plan) % world_size:
+        splittable = [k for k, mb in enumerate(plan) if len(mb) > 1]
+        if not splittable:
+            break
+        mb = plan.pop(max(splittable, key=lambda k: cost(plan[k])))
+        plan += [mb[: len(mb) // 2], mb[len(mb) // 2 :]]
+    plan.sort(key=lambda mb: -cost(mb))
     while len(plan) % world_size:
         plan.append([])
     return plan
+
+
+def lr_multiplier(
+    step: int, *, warmup_steps: int = 0, total_steps: int | None = None, schedule: str = "constant", min_lr_ratio: float = 0.0
+) -> float:
+    """Learning-rate factor of optimizer update ``step`` (0-based)::
+
+        warm-up  (step < W):   (step + 1) / W
+        then, with progress p = (step - W) / (S - W) clipped to [0, 1]:
+          constant:  1
+          linear:    m + (1 - m) * (1 - p)
+          cosine:    m + (1 - m) * (1 + cos(pi * p)) / 2
+
+    ``W = warmup_steps``, ``S = total_steps`` (required for ``linear``/``cosine``),
+    ``m = min_lr_ratio``. Example ``W = 2, S = 6, cosine, m = 0``: factors for steps
+    0..6 are ``0.5, 1, 1, 0.854, 0.5, 0.146, 0``.
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    if total_steps is None:
+        raise ValueError(f"lr schedule {schedule!r} needs total_steps")
+    p = min(1.0, max(0.0, (step - warmup_steps) / max(1, total_steps - warmup_steps)))
+    if schedule == "linear":
+        return min_lr_ratio + (1.0 - min_lr_ratio) * (1.0 - p)
+    if schedule == "cosine":
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * p))
+    raise ValueError(f"unknown lr schedule {schedule!r}; expected one of {LR_SCHEDULES}")
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Log-probability of each target token: ``logits[t, target] - logsumexp(logits[t])``.
 
     ``logits`` is ``[B, T, V]`` and ``targets`` ``[B, T]``; the result is ``[B, T]`` in float32.
-    No full-vocabulary log-softmax tensor is kept beyond the logits themselves.
+    A reference implementation over full logits; the learner itself uses
+    :func:`agentrl.engine.logprobs.chunked_token_logprobs`, which never holds them.
     """
     logits = logits.float()
     chosen = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
@@ -99,8 +165,51 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
 
 
+class _Batch:
+    """One padded micro-batch: model inputs plus per-target tensors, all on ``device``.
+
+    Per-target tensors are ``[B, T-1]``: position ``t`` is about token ``t + 1``.
+    """
+
+    def __init__(self, rows: list[dict[str, Any]], pad_id: int, device: torch.device, with_rl: bool) -> None:
+        longest = max(len(r["tokens"]) for r in rows)
+        B = len(rows)
+        ids = torch.full((B, longest), pad_id, dtype=torch.long)
+        attn = torch.zeros((B, longest), dtype=torch.long)
+        mask = torch.zeros((B, longest), dtype=torch.bool)
+        behav = torch.zeros((B, longest), dtype=torch.float32)
+        versions = torch.full((B, longest), -1, dtype=torch.long)
+        adv = torch.zeros(B, dtype=torch.float32)
+        for b, r in enumerate(rows):
+            n = len(r["tokens"])
+            ids[b, :n] = torch.as_tensor(r["tokens"], dtype=torch.long)
+            attn[b, :n] = 1
+            mask[b, :n] = torch.as_tensor(r["loss_mask"]) > 0
+            if with_rl:
+                behav[b, :n] = torch.as_tensor(r["behaviour_logprobs"], dtype=torch.float32)
+                adv[b] = float(r["advantage"])
+                if r.get("versions") is not None:
+                    versions[b, :n] = torch.as_tensor(r["versions"], dtype=torch.long)
+        self.ids, self.attn = ids.to(device), attn.to(device)
+        self.select = mask[:, 1:].to(device)
+        self.behaviour = behav[:, 1:].to(device)
+        self.versions = versions[:, 1:].to(device)
+        self.advantages = adv.to(device)
+        self.real_tokens = int(attn.sum())
+        self.slots = B * longest
+
+    def pad(self, flat: torch.Tensor) -> torch.Tensor:
+        """Scatter a flat tensor over the selected positions into ``[B, T-1]`` (zeros elsewhere)."""
+        return torch.zeros(self.select.shape, dtype=flat.dtype, device=flat.device).masked_scatter(self.select, flat)
+
+
 class Learner:
-    """One learner rank. Call ``setup()`` on every rank before anything else."""
+    """One learner rank. Call ``setup()`` on every rank before anything else.
+
+    Every method that touches the model is a collective: call it on every rank with the same
+    arguments. Constructor arguments are plain values (the controller maps the recipe's
+    ``learner`` and ``algo`` sections onto them).
+    """
 
     def __init__(
         self,
@@ -114,31 +223,70 @@ class Learner:
         lr: float = 1e-5,
         betas: tuple[float, float] = (0.9, 0.999),
         weight_decay: float = 0.0,
+        adam_eps: float = 1e-8,
         grad_clip: float = 1.0,
         warmup_steps: int = 0,
+        lr_schedule: str = "constant",
+        total_steps: int | None = None,
+        min_lr_ratio: float = 0.0,
         micro_batch_tokens: int = 8192,
+        logprob_chunk_tokens: int = 1024,
+        activation_checkpointing: bool = False,
+        compute_entropy: bool = True,
         clip_low: float = 0.2,
         clip_high: float = 0.28,
+        objective: ObjectiveSettings | None = None,
+        updates_per_batch: int = 1,
+        proximal: str = "auto",
+        reference_model: str | None = None,
         torch_threads: int = 1,
         timeout_s: float = 900.0,
         seed: int = 0,
     ) -> None:
+        """``objective`` defaults to :class:`ObjectiveSettings` with ``clip_low``/``clip_high``.
+        ``total_steps`` counts optimizer updates (``max_steps * updates_per_batch``).
+        ``proximal``: ``auto`` recomputes the proximal log-probs exactly when a batch gets more
+        than one update (with one update they equal the current log-probs, for free),
+        ``recompute`` always, ``detached`` never. ``reference_model`` (default: ``model``) is
+        loaded only when ``objective.kl_coef > 0``."""
+        if lr_schedule not in LR_SCHEDULES:
+            raise LearnerError(f"lr_schedule must be one of {LR_SCHEDULES}, got {lr_schedule!r}")
+        if lr_schedule != "constant" and not total_steps:
+            raise LearnerError(f"lr_schedule {lr_schedule!r} needs total_steps")
+        if proximal not in ("auto", "recompute", "detached"):
+            raise LearnerError(f"proximal must be auto, recompute or detached, got {proximal!r}")
+        if updates_per_batch < 1 or micro_batch_tokens < 1 or logprob_chunk_tokens < 1:
+            raise LearnerError("updates_per_batch, micro_batch_tokens and logprob_chunk_tokens must be >= 1")
         self.rank, self.world_size = rank, world_size
         self.master_addr, self.master_port = master_addr, master_port
         self.model_name = model
         self.dtype = getattr(torch, dtype)
-        self.lr, self.betas, self.weight_decay = lr, betas, weight_decay
-        self.grad_clip, self.warmup_steps = grad_clip, warmup_steps
-        self.micro_batch_tokens = micro_batch_tokens
-        self.clip_low, self.clip_high = clip_low, clip_high
+        self.lr, self.betas, self.weight_decay, self.adam_eps = lr, betas, weight_decay, adam_eps
+        self.grad_clip = grad_clip
+        self.schedule = functools.partial(
+            lr_multiplier, warmup_steps=warmup_steps, total_steps=total_steps, schedule=lr_schedule, min_lr_ratio=min_lr_ratio
+        )
+        self.micro_batch_tokens, self.chunk_tokens = micro_batch_tokens, logprob_chunk_tokens
+        self.activation_checkpointing, self.compute_entropy = activation_checkpointing, compute_entropy
+        self.objective = objective if objective is not None else ObjectiveSettings(clip_low=clip_low, clip_high=clip_high)
+        self.updates_per_batch = updates_per_batch
+        self.recompute_proximal = proximal == "recompute" or (proximal == "auto" and updates_per_batch > 1)
+        self.reference_name = reference_model or model
         self.torch_threads, self.timeout_s, self.seed = torch_threads, timeout_s, seed
         self.step = 0
-        self.model: Any = None
+        """Completed ``train_step``/``sft_step`` calls: the weight version this rank holds."""
+        self.updates = 0
+        """Completed optimizer updates."""
+        self.policy: Any = None
+        self.reference: Any = None
 
+    # ------------------------------------------------------------------ set-up
     def setup(self) -> dict[str, Any]:
-        """Join the process group, load and shard the model, build the optimizer."""
+        """Join the process group, load and shard the model (and the reference model when the
+        objective has a KL term), build AdamW and the LR schedule."""
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        from agentrl.engine.logprobs import PolicyModel
         from agentrl.models.loading import load_causal_lm
 
         torch.manual_seed(self.seed)
@@ -159,101 +307,206 @@ class Learner:
             )
         except Exception as exc:
             raise LearnerError(f"rank {self.rank}: cannot join the process group: {exc}") from exc
-        model = load_causal_lm(self.model_name, dtype=torch.float32 if not on_gpu else self.dtype)
-        model.to(self.device)
-        model.config.use_cache = False
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if on_gpu and self.dtype == torch.bfloat16 else MixedPrecisionPolicy()
-        for layer in _decoder_layers(model):
-            fully_shard(layer, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
-        self.model = model
-        self.config = model.config
-        self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=self.lr, betas=self.betas, weight_decay=self.weight_decay)
-        warm = self.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
+        mixed = on_gpu and self.dtype in (torch.bfloat16, torch.float16)
+        mp = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32) if mixed else MixedPrecisionPolicy()
+
+        def build(name: str, dtype: torch.dtype, trainable: bool) -> Any:
+            lm = load_causal_lm(name, dtype=dtype)
+            lm.to(self.device)
+            lm.config.use_cache = False
+            policy = PolicyModel(lm)
+            diff = policy.check_against_full_logits(int(lm.config.vocab_size))
+            if diff > 1e-3:
+                raise LearnerError(
+                    f"{name}: chunked log-probs differ from the model's own logits by {diff:.3g}; the model "
+                    "transforms its logits after the output projection, which the learner does not support"
+                )
+            if trainable and self.activation_checkpointing:
+                lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if not trainable:
+                policy.requires_grad_(False)
+            for layer in _decoder_layers(lm):
+                fully_shard(layer, mp_policy=mp if trainable else MixedPrecisionPolicy())
+            fully_shard(policy, mp_policy=mp if trainable else MixedPrecisionPolicy())
+            return policy
+
+        self.policy = build(self.model_name, torch.float32, True)  # float32 master weights
+        if self.objective.kl_coef > 0:
+            self.reference = build(self.reference_name, self.dtype if on_gpu else torch.float32, False)
+            self.reference.eval()
+        self.config = self.policy.lm.config
+        self.vocab_size = int(self.config.vocab_size)
+        self.pad_id = int(getattr(self.config, "pad_token_id", None) or 0)
+        self.optimizer = torch.optim.AdamW(
+            self.policy.parameters(), lr=self.lr, betas=self.betas, eps=self.adam_eps, weight_decay=self.weight_decay
         )
-        n_params = sum(p.numel() for p in model.parameters())
-        return {"rank": self.rank, "backend": backend, "parameters": n_params, "pid": os.getpid()}
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
+        n_params = sum(p.numel() for p in self.policy.parameters())
+        return {
+            "rank": self.rank,
+            "backend": backend,
+            "parameters": n_params,
+            "pid": os.getpid(),
+            "mixed_precision": str(self.dtype) if mixed else "off",
+            "reference_model": self.reference is not None,
+            "objective": self.objective.as_dict(),
+        }
 
-    def _forward_logprobs(self, rows: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Pad a micro-batch; return (learner logprobs, behaviour logprobs, mask, advantages), all ``[B, T-1]``."""
-        longest = max(len(r["tokens"]) for r in rows)
-        B = len(rows)
-        ids = torch.full((B, longest), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((B, longest), dtype=torch.long)
-        mask = torch.zeros((B, longest), dtype=torch.float32)
-        old = torch.zeros((B, longest), dtype=torch.float32)
-        adv = torch.zeros((B, longest), dtype=torch.float32)
-        for b, r in enumerate(rows):
-            n = len(r["tokens"])
-            ids[b, :n] = torch.tensor(r["tokens"])
-            attn[b, :n] = 1
-            mask[b, :n] = torch.tensor(r["loss_mask"], dtype=torch.float32)
-            old[b, :n] = torch.tensor(r["behaviour_logprobs"], dtype=torch.float32)
-            adv[b, :n] = float(r["advantage"])
-        ids, attn = ids.to(self.device), attn.to(self.device)
-        logits = self.model(input_ids=ids, attention_mask=attn).logits
-        lp = token_logprobs(logits[:, :-1], ids[:, 1:])
-        dev = lp.device
-        return lp, old[:, 1:].to(dev), mask[:, 1:].to(dev), adv[:, 1:].to(dev)
+    # ------------------------------------------------------------------ helpers
+    def _require_setup(self) -> None:
+        if self.policy is None:
+            raise LearnerError("learner not set up (call setup() on every rank first)")
 
-    def train_step(self, samples: list[dict[str, Any]]) -> dict[str, float]:
-        """One optimizer step on the whole batch (every rank receives the same list).
+    def _check_samples(self, samples: list[dict[str, Any]], rl: bool) -> None:
+        keys = ("tokens", "loss_mask", "behaviour_logprobs", "advantage") if rl else ("tokens", "loss_mask")
+        for i, s in enumerate(samples):
+            missing = [k for k in keys if k not in s]
+            if missing:
+                raise LearnerError(f"sample {i} lacks {missing}")
+            n = len(s["tokens"])
+            per_token = ["loss_mask"] + (["behaviour_logprobs"] if rl else []) + (["versions"] if s.get("versions") is not None else [])
+            bad = [k for k in per_token if len(s[k]) != n]
+            if bad:
+                raise LearnerError(f"sample {i}: {bad} differ in length from tokens ({n})")
+            if n < 2:
+                raise LearnerError(f"sample {i} has {n} token(s); need at least 2")
+            if max(s["tokens"]) >= self.vocab_size or min(s["tokens"]) < 0:
+                raise LearnerError(f"sample {i} holds a token id outside the vocabulary (0..{self.vocab_size - 1})")
 
-        The loss is the PPO-clip loss against the behaviour log-probabilities, averaged over all
-        trained tokens of the batch (token-mean). Returns metrics summed across ranks.
-        """
-        if self.model is None:
-            raise LearnerError("learner not set up")
-        t0 = time.monotonic()
-        self.model.train()
-        total_tokens = sum(sum(s["loss_mask"][1:]) for s in samples)
-        scale = self.world_size / max(1, total_tokens)
-        plan = plan_microbatches([len(s["tokens"]) for s in samples], self.micro_batch_tokens, self.world_size)
-        mine = plan[self.rank :: self.world_size]
-        acc = torch.zeros(6, dtype=torch.float64)  # loss, clipped, ratio_sum, |lp-old| sum, tokens, padded
-        for mb in mine:
-            if not mb:  # keeps FSDP collectives in step across ranks
-                dummy = torch.full((1, 2), self.pad_id, dtype=torch.long, device=self.device)
-                (self.model(input_ids=dummy).logits.sum() * 0.0).backward()
-                continue
-            rows = [samples[i] for i in mb]
-            lp, old, mask, adv = self._forward_logprobs(rows)
-            loss, stats = ppo_clip_loss(lp, old, adv, mask, clip_low=self.clip_low, clip_high=self.clip_high)
-            (loss * scale).backward()
-            acc += torch.tensor(
-                [
-                    loss.item(),
-                    stats["clipped"].item(),
-                    stats["ratio_sum"].item(),
-                    ((lp.detach() - old).abs() * mask).sum().item(),
-                    mask.sum().item(),
-                    float(lp.numel()),
-                ],
-                dtype=torch.float64,
-            )
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+    def _forward(self, model: Any, batch: _Batch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Flat log-probs (and entropies) of the selected positions of ``batch``."""
+        return model(batch.ids, batch.attn, batch.select, self.chunk_tokens, with_entropy)
+
+    def _micro(self, rows: list[dict[str, Any]], rl: bool) -> tuple[_Batch, bool]:
+        """The padded micro-batch of ``rows``; for a rank with no rows in this round, a stand-in
+        of one two-token sequence (``real`` is False) that runs the very same forward/backward
+        path with zero weight, because FSDP collectives must match across ranks."""
+        if rows:
+            return _Batch(rows, self.pad_id, self.device, rl), True
+        dummy = {"tokens": [self.pad_id] * 2, "loss_mask": [0, 1], "behaviour_logprobs": [0.0, 0.0], "advantage": 0.0}
+        return _Batch([dummy], self.pad_id, self.device, rl), False
+
+    def _minibatches(self, n: int) -> list[list[int]]:
+        """Split sample indices ``0..n-1`` into ``updates_per_batch`` contiguous, near-equal parts."""
+        k = max(1, min(self.updates_per_batch, n))
+        bounds = [round(i * n / k) for i in range(k + 1)]
+        return [list(range(bounds[i], bounds[i + 1])) for i in range(k)]
+
+    def _optimizer_update(self) -> tuple[float, bool]:
+        """Clip, step AdamW and the schedule; a non-finite gradient norm skips the update."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.grad_clip)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
-        self.optimizer.step()
+        norm = float(grad_norm)
+        finite = math.isfinite(norm)
+        if finite:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
+        self.updates += 1
+        return norm, finite
+
+    # ------------------------------------------------------------------ training
+    def train_step(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """One batch of RL training (every rank receives the same list): ``updates_per_batch``
+        optimizer updates of :func:`agentrl.algos.policy_loss` with the learner's
+        :class:`ObjectiveSettings`. Returns metrics summed (then normalised) across ranks:
+
+        ``loss``, ``clip_fraction``, ``dual_clip_fraction``, ``ratio_mean``, ``is_weight_mean``,
+        ``is_truncated_fraction``, ``band_masked_fraction``, ``kl_ref`` (mean KL estimate to the
+        reference model; 0 without one), ``entropy`` (mean over trained tokens),
+        ``logprob_abs_diff`` (mean ``|log pi_learner - log pi_behav|`` over trained tokens:
+        staleness plus numeric mismatch), ``logprob_abs_diff_current`` (the same over tokens
+        sampled by the weights this learner holds: numeric mismatch alone; needs ``versions``),
+        ``current_version_tokens``, ``trained_tokens``, ``padding_fraction`` (padded slots over
+        all slots of the micro-batches), ``grad_norm`` (of the last update), ``skipped_updates``
+        (non-finite gradient norm), ``lr``, ``step``, ``updates``, ``train_s``.
+        """
+        self._require_setup()
+        self._check_samples(samples, rl=True)
+        t0 = time.monotonic()
+        version = self.step
+        names = list(STAT_KEYS) + ["loss", "entropy", "abs_diff", "abs_diff_cur", "cur_tokens", "real", "slots"]
+        acc = torch.zeros(len(names), dtype=torch.float64)
+        at = {k: i for i, k in enumerate(names)}
+        grad_norm, skipped = 0.0, 0
+        minibatches = self._minibatches(len(samples)) if samples else []
+        plans = [
+            plan_microbatches([len(samples[i]["tokens"]) for i in mb], self.micro_batch_tokens, self.world_size)
+            for mb in minibatches
+        ]
+        proximal: dict[tuple[int, int], torch.Tensor] = {}
+        if self.recompute_proximal and samples:
+            self.policy.eval()
+            with torch.no_grad():
+                for u, (mb_idx, plan) in enumerate(zip(minibatches, plans)):
+                    for k, micro in enumerate(plan[self.rank :: self.world_size]):
+                        batch, real = self._micro([samples[mb_idx[i]] for i in micro], True)
+                        lp = batch.pad(self._forward(self.policy, batch)[0])
+                        if real:
+                            proximal[(u, k)] = lp
+        self.policy.train()
+        for u, (mb_idx, plan) in enumerate(zip(minibatches, plans)):
+            rows_of = [samples[i] for i in mb_idx]
+            num_tokens = float(sum(sum(1 for m in s["loss_mask"][1:] if m) for s in rows_of))
+            num_seqs = float(sum(1 for s in rows_of if any(s["loss_mask"][1:])))
+            for k, micro in enumerate(plan[self.rank :: self.world_size]):
+                batch, real = self._micro([rows_of[i] for i in micro], True)
+                lp_flat, ent_flat = self._forward(self.policy, batch, with_entropy=self.compute_entropy)
+                lp = batch.pad(lp_flat)
+                ref = None
+                if self.reference is not None:
+                    with torch.no_grad():
+                        ref = batch.pad(self._forward(self.reference, batch)[0])
+                mask = batch.select.float()
+                loss, stats = policy_loss(
+                    lp, batch.behaviour, batch.advantages, mask, self.objective,
+                    proximal_logprobs=proximal.get((u, k)), ref_logprobs=ref, num_tokens=num_tokens, num_seqs=num_seqs,
+                )
+                (loss * (self.world_size if real else 0.0)).backward()
+                if not real:
+                    continue
+                with torch.no_grad():
+                    diff = (lp.detach() - batch.behaviour).abs() * mask
+                    cur = mask * (batch.versions == version).float()
+                    extra = torch.stack([
+                        loss.detach().double() / len(minibatches),
+                        ent_flat.sum().double() if ent_flat is not None else torch.zeros((), dtype=torch.float64),
+                        diff.sum().double(),
+                        (diff * cur).sum().double(),
+                        cur.sum().double(),
+                    ]).cpu()
+                acc[: len(STAT_KEYS)] += torch.stack([stats[key].double() for key in STAT_KEYS]).cpu()
+                acc[at["loss"] : at["real"]] += extra
+                acc[at["real"]] += batch.real_tokens
+                acc[at["slots"]] += batch.slots
+            grad_norm, finite = self._optimizer_update()
+            skipped += int(not finite)
         self.step += 1
         if self.world_size > 1:
             dist.all_reduce(acc)
-        tokens = max(1.0, acc[4].item())
+        tok = max(1.0, acc[at["tokens"]].item())
+        cur_tok = acc[at["cur_tokens"]].item()
         return {
-            "loss": acc[0].item() / tokens,
-            "clip_fraction": acc[1].item() / tokens,
-            "ratio_mean": acc[2].item() / tokens,
-            "logprob_abs_diff": acc[3].item() / tokens,
-            "trained_tokens": acc[4].item(),
-            "padding_fraction": 1.0 - acc[4].item() / max(1.0, acc[5].item()),
-            "grad_norm": float(grad_norm),
+            "loss": acc[at["loss"]].item(),
+            "clip_fraction": acc[at["clipped"]].item() / tok,
+            "dual_clip_fraction": acc[at["dual_clipped"]].item() / tok,
+            "ratio_mean": acc[at["ratio_sum"]].item() / tok,
+            "is_weight_mean": acc[at["is_weight_sum"]].item() / tok,
+            "is_truncated_fraction": acc[at["is_truncated"]].item() / tok,
+            "band_masked_fraction": acc[at["band_masked"]].item() / tok,
+            "kl_ref": acc[at["kl_sum"]].item() / tok,
+            "entropy": acc[at["entropy"]].item() / tok,
+            "logprob_abs_diff": acc[at["abs_diff"]].item() / tok,
+            "logprob_abs_diff_current": acc[at["abs_diff_cur"]].item() / max(1.0, cur_tok),
+            "current_version_tokens": cur_tok,
+            "trained_tokens": acc[at["tokens"]].item(),
+            "padding_fraction": 1.0 - acc[at["real"]].item() / max(1.0, acc[at["slots"]].item()),
+            "grad_norm": grad_norm,
+            "skipped_updates": float(skipped),
             "lr": self.scheduler.get_last_lr()[0],
             "step": float(self.step),
+            "updates": float(self.updates),
             "train_s": time.monotonic() - t0,
         }
 
@@ -261,30 +514,26 @@ class Learner:
         """One supervised optimizer step: mean negative log-likelihood of the tokens whose
         ``loss_mask`` is 1 (assistant tokens), over the whole batch. ``samples`` need only
         ``tokens`` and ``loss_mask``. Returns metrics summed across ranks."""
-        if self.model is None:
-            raise LearnerError("learner not set up")
+        self._require_setup()
+        self._check_samples(samples, rl=False)
         t0 = time.monotonic()
-        self.model.train()
-        total_tokens = sum(sum(s["loss_mask"][1:]) for s in samples)
+        self.policy.train()
+        total_tokens = sum(sum(1 for m in s["loss_mask"][1:] if m) for s in samples)
         scale = self.world_size / max(1, total_tokens)
         plan = plan_microbatches([len(s["tokens"]) for s in samples], self.micro_batch_tokens, self.world_size)
-        acc = torch.zeros(3, dtype=torch.float64)  # nll sum, tokens, correct (argmax) tokens
-        for mb in plan[self.rank :: self.world_size]:
-            if not mb:
-                dummy = torch.full((1, 2), self.pad_id, dtype=torch.long, device=self.device)
-                (self.model(input_ids=dummy).logits.sum() * 0.0).backward()
+        acc = torch.zeros(5, dtype=torch.float64)  # nll sum, tokens, p > 1/2 tokens, real tokens, slots
+        for micro in plan[self.rank :: self.world_size]:
+            batch, real = self._micro([samples[i] for i in micro], False)
+            lp, _ = self._forward(self.policy, batch)
+            nll = -lp.sum()
+            (nll * (scale if real else 0.0)).backward()
+            if not real:
                 continue
-            rows = [dict(samples[i], behaviour_logprobs=[0.0] * len(samples[i]["tokens"]), advantage=0.0) for i in mb]
-            lp, _, mask, _ = self._forward_logprobs(rows)
-            nll = -(lp * mask).sum()
-            (nll * scale).backward()
-            acc += torch.tensor([nll.item(), mask.sum().item(), ((lp.detach() > -0.6931) * mask).sum().item()], dtype=torch.float64)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+            acc += torch.tensor(
+                [nll.item(), lp.numel(), (lp.detach() > -0.6931).sum().item(), batch.real_tokens, batch.slots],
+                dtype=torch.float64,
+            )
+        grad_norm, _ = self._optimizer_update()
         self.step += 1
         if self.world_size > 1:
             dist.all_reduce(acc)
@@ -293,17 +542,45 @@ class Learner:
             "sft_loss": acc[0].item() / tokens,
             "sft_token_p_gt_half": acc[2].item() / tokens,
             "trained_tokens": acc[1].item(),
-            "grad_norm": float(grad_norm),
+            "padding_fraction": 1.0 - acc[3].item() / max(1.0, acc[4].item()),
+            "grad_norm": grad_norm,
             "lr": self.scheduler.get_last_lr()[0],
             "train_s": time.monotonic() - t0,
         }
 
+    @torch.no_grad()
+    def compute_logprobs(self, samples: list[dict[str, Any]]) -> list[list[float]]:
+        """The learner's log-prob of every token whose ``loss_mask`` is 1 (0.0 elsewhere), laid
+        out like ``behaviour_logprobs``: entry ``t`` is ``log pi(tokens[t] | tokens[:t])``.
+        Collective; every rank returns the whole list. No gradient, no update."""
+        self._require_setup()
+        self._check_samples(samples, rl=False)
+        self.policy.eval()
+        plan = plan_microbatches([len(s["tokens"]) for s in samples], self.micro_batch_tokens, self.world_size)
+        mine: dict[int, list[float]] = {}
+        for micro in plan[self.rank :: self.world_size]:
+            batch, real = self._micro([samples[i] for i in micro], False)
+            lp = batch.pad(self._forward(self.policy, batch)[0]).cpu()
+            if not real:
+                continue
+            for b, i in enumerate(micro):
+                n = len(samples[i]["tokens"])
+                mine[i] = [0.0] + lp[b, : n - 1].tolist()
+        if self.world_size > 1:
+            parts: list[Any] = [None] * self.world_size
+            dist.all_gather_object(parts, mine)
+            for p in parts:
+                mine.update(p)
+        return [mine[i] for i in range(len(samples))]
+
+    # ------------------------------------------------------------------ weights
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Gather the unsharded parameters (a collective: call on every rank); CPU tensors on rank 0,
-        an empty dict elsewhere."""
+        an empty dict elsewhere. Keys are the Hugging Face model's own."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        self._require_setup()
+        return get_model_state_dict(self.policy.lm, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def publish(self, out_dir: str, with_tokenizer: bool = False) -> str | None:
         """Write the current weights as a Hugging Face folder at ``out_dir`` (collective; rank 0
@@ -317,6 +594,102 @@ class Learner:
 
             tokenizer = load_tokenizer(self.model_name)
         return str(write_hf_folder(sd, self.config, Path(out_dir), tokenizer))
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, out_dir: str) -> str:
+        """Save everything needed to resume (collective): the sharded model and AdamW state with
+        ``torch.distributed.checkpoint``, the step and LR-schedule state, each rank's RNG state
+        and the model config (+ tokenizer) for export. See :mod:`agentrl.engine.checkpoint` for
+        the layout. The folder appears atomically; an existing one is replaced."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+        from agentrl.engine.checkpoint import save_rng_state, write_trainer_state
+
+        self._require_setup()
+        final = Path(out_dir)
+        tmp = final.with_name(f".{final.name}.tmp")
+        try:
+            if self.rank == 0:
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                (tmp / "rng").mkdir(parents=True)
+            dist.barrier()
+            # get_state_dict would initialise an empty AdamW state (one zero step), which would
+            # change the run: before the first update, save the model alone.
+            has_optim = bool(self.optimizer.state)
+            if has_optim:
+                model_sd, optim_sd = get_state_dict(self.policy.lm, self.optimizer)
+                state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+            else:
+                state = {"model": get_model_state_dict(self.policy.lm)}
+            dcp.save(state, checkpoint_id=str(tmp))
+            save_rng_state(tmp / "rng" / f"rank{self.rank}.pt")
+            if self.rank == 0:
+                write_trainer_state(tmp, {
+                    "step": self.step,
+                    "updates": self.updates,
+                    "scheduler": self.scheduler.state_dict(),
+                    "has_optimizer_state": has_optim,
+                    "world_size": self.world_size,
+                    "model": self.model_name,
+                    "objective": self.objective.as_dict(),
+                })
+                self.config.save_pretrained(tmp / "hf")
+                try:
+                    from agentrl.models.loading import load_tokenizer
+
+                    load_tokenizer(self.model_name).save_pretrained(tmp / "hf")
+                except Exception:  # a model without a tokenizer still exports
+                    pass
+            dist.barrier()
+            if self.rank == 0:
+                if final.exists():
+                    shutil.rmtree(final)
+                os.replace(tmp, final)
+            dist.barrier()
+        except LearnerError:
+            raise
+        except Exception as exc:
+            raise LearnerError(f"rank {self.rank}: saving the checkpoint {final} failed: {exc}") from exc
+        return str(final)
+
+    def load_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
+        """Restore a checkpoint written by :meth:`save_checkpoint` (collective), possibly by a
+        different number of ranks (the model and optimizer state are re-sharded; each rank's
+        RNG state is restored when the checkpoint has one for its rank). Returns the
+        trainer state (``step``, ``updates``, ...)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_state_dict,
+            set_model_state_dict,
+            set_state_dict,
+        )
+
+        from agentrl.engine.checkpoint import load_rng_state, read_trainer_state
+
+        self._require_setup()
+        folder = Path(checkpoint_dir)
+        state = read_trainer_state(folder)
+        try:
+            if state["has_optimizer_state"]:
+                model_sd, optim_sd = get_state_dict(self.policy.lm, self.optimizer)
+                dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder))
+                set_state_dict(self.policy.lm, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+            else:
+                model_sd = get_model_state_dict(self.policy.lm)
+                dcp.load({"model": model_sd}, checkpoint_id=str(folder))
+                set_model_state_dict(self.policy.lm, model_sd)
+                self.optimizer.state.clear()
+            self.scheduler.load_state_dict(state["scheduler"])
+            rng = folder / "rng" / f"rank{self.rank}.pt"
+            if rng.is_file():
+                load_rng_state(rng)
+        except Exception as exc:
+            raise LearnerError(f"rank {self.rank}: loading the checkpoint {folder} failed: {exc}") from exc
+        self.step, self.updates = int(state["step"]), int(state["updates"])
+        return state
 
     def shutdown(self) -> None:
         """Leave the process group."""

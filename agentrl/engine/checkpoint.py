@@ -1,0 +1,143 @@
+"""Training checkpoints (for resume) and their Hugging Face export.
+
+A checkpoint is a folder written by every learner rank together
+(:meth:`agentrl.engine.learner.Learner.save_checkpoint`)::
+
+    CHECKPOINT/
+      .metadata, __<rank>_<i>.distcp   torch.distributed.checkpoint: sharded model ("model.*") and
+                                       AdamW state ("optim.*"), re-shardable to another rank count
+      trainer_state.json               step, LR-scheduler state, world size, settings (rank 0)
+      rng/rank<r>.pt                   each rank's torch / CUDA / Python / NumPy RNG state
+      hf/                              config.json (+ tokenizer files): what an export needs
+
+The folder appears atomically: ranks write into a hidden sibling that rank 0 renames into place.
+All ranks must see the same filesystem (one machine, or a shared mount on a cluster).
+
+:func:`export_checkpoint` turns any checkpoint into a Hugging Face model folder in one process,
+without a process group and without instantiating the model (shapes come from the checkpoint's
+metadata). The CLI runs it as ``agentrl export CHECKPOINT_DIR OUT_DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentrl.errors import LearnerError
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "export_checkpoint",
+    "read_trainer_state",
+    "write_trainer_state",
+    "save_rng_state",
+    "load_rng_state",
+]
+
+CHECKPOINT_FORMAT = 1
+"""Version of the folder layout above (``trainer_state.json["format"]``)."""
+
+MODEL_PREFIX = "model."
+"""Key prefix of the model's tensors inside the distributed checkpoint."""
+
+
+def write_trainer_state(folder: Path, state: dict[str, Any]) -> None:
+    """Write ``trainer_state.json`` (plain JSON values only)."""
+    (Path(folder) / "trainer_state.json").write_text(json.dumps({"format": CHECKPOINT_FORMAT, **state}, indent=2))
+
+
+def read_trainer_state(folder: str | Path) -> dict[str, Any]:
+    """Read ``trainer_state.json``; raises :class:`LearnerError` when the folder is not a checkpoint."""
+    path = Path(folder) / "trainer_state.json"
+    if not path.is_file():
+        raise LearnerError(f"{folder}: not an agentrl checkpoint (no trainer_state.json)")
+    state = json.loads(path.read_text())
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise LearnerError(f"{folder}: checkpoint format {state.get('format')!r}; this agentrl reads {CHECKPOINT_FORMAT}")
+    return state
+
+
+def save_rng_state(path: Path) -> None:
+    """Save this process's torch, CUDA, Python and NumPy RNG states to ``path``."""
+    import numpy as np
+
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "python": random.getstate(),
+        "numpy": (name, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached)),
+    }
+    torch.save(state, path)
+
+
+def load_rng_state(path: Path) -> None:
+    """Restore the RNG states written by :func:`save_rng_state`."""
+    import numpy as np
+
+    state = torch.load(path, weights_only=True)
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    random.setstate(state["python"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+
+
+def _model_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """Load the model's tensors of a distributed checkpoint into one process (CPU, unsharded)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = dcp.FileSystemReader(str(folder))
+    meta = reader.read_metadata().state_dict_metadata
+    tensors = {
+        key: torch.empty(tuple(md.size), dtype=md.properties.dtype)
+        for key, md in meta.items()
+        if key.startswith(MODEL_PREFIX) and isinstance(md, TensorStorageMetadata)
+    }
+    if not tensors:
+        raise LearnerError(f"{folder}: the checkpoint holds no model tensors")
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(tensors, storage_reader=reader, no_dist=True)
+    return {key[len(MODEL_PREFIX):]: t for key, t in tensors.items()}
+
+
+def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
+    """Write the model of a training checkpoint as a Hugging Face folder at ``out_dir``.
+
+    The folder (``model.safetensors``, ``config.json`` and the tokenizer when the checkpoint
+    holds one) loads with transformers and vLLM, like a published weight version; it is
+    written atomically. Runs in one process, whatever the number of ranks that wrote the
+    checkpoint. Raises :class:`LearnerError` if ``checkpoint_dir`` is not a checkpoint.
+    """
+    from transformers import AutoConfig, AutoTokenizer
+
+    from agentrl.engine.learner import write_hf_folder
+
+    folder = Path(checkpoint_dir)
+    read_trainer_state(folder)
+    hf = folder / "hf"
+    try:
+        config = AutoConfig.from_pretrained(hf)
+    except Exception as exc:
+        raise LearnerError(f"{folder}: cannot read the model config in hf/: {exc}") from exc
+    tokenizer = None
+    if (hf / "tokenizer_config.json").is_file() or (hf / "tokenizer.json").is_file():
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(hf)
+        except Exception as exc:
+            raise LearnerError(f"{folder}: cannot read the tokenizer in hf/: {exc}") from exc
+    try:
+        tensors = _model_tensors(folder)
+    except LearnerError:
+        raise
+    except Exception as exc:
+        raise LearnerError(f"{folder}: cannot read the distributed checkpoint: {exc}") from exc
+    return write_hf_folder(tensors, config, Path(out_dir), tokenizer)

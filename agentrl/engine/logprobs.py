@@ -1,0 +1,165 @@
+"""Log-probabilities of chosen tokens without a full-vocabulary log-softmax over the batch.
+
+A causal LM's logits are ``[B, T, V]``; for a 150k vocabulary and 8k tokens per micro-batch that
+is 4.9 GB in float32, and autograd keeps it (and the log-softmax) for the backward pass. The
+loss only needs one number per *trained* token::
+
+    log pi(y_t | y_<t) = z_t[y_t] - logsumexp(z_t),     z_t = W h_t (+ b)
+
+so :func:`chunked_token_logprobs` computes the output projection for a chunk of positions at a
+time, keeps ``logsumexp(z_t)`` (one float per token) and recomputes the chunk's logits in the
+backward pass, where ``d log pi / d z_t = onehot(y_t) - softmax(z_t)``. Peak memory is one chunk
+of logits instead of the whole batch's, and positions that are not trained (prompt, tool output)
+never go through the output projection at all. The entropy of each position's distribution,
+``H_t = logsumexp(z_t) - sum_v softmax(z_t)_v z_tv``, comes from the same chunks for free (as a
+metric: no gradient).
+
+:class:`PolicyModel` wraps a Hugging Face causal LM so that one ``forward`` (the one FSDP2 hooks)
+runs the decoder and the chunked projection.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["chunked_token_logprobs", "PolicyModel"]
+
+
+class _ChunkedTokenLogprobs(torch.autograd.Function):
+    """Autograd function behind :func:`chunked_token_logprobs` (see the module docstring)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        targets: torch.Tensor,
+        chunk: int,
+        with_entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n = hidden.shape[0]
+        lp = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        ent = torch.zeros(n if with_entropy else 0, dtype=torch.float32, device=hidden.device)
+        for s in range(0, n, chunk):
+            e = min(n, s + chunk)
+            z = _logits(hidden[s:e], weight, bias)
+            lse[s:e] = torch.logsumexp(z, dim=-1)
+            lp[s:e] = z.gather(-1, targets[s:e, None]).squeeze(-1) - lse[s:e]
+            if with_entropy:
+                p = torch.exp(z - lse[s:e, None])
+                ent[s:e] = lse[s:e] - (p * z).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.chunk = chunk
+        ctx.mark_non_differentiable(ent)
+        return lp, ent
+
+    @staticmethod
+    def backward(ctx: Any, grad_lp: torch.Tensor, _grad_ent: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        n, chunk = hidden.shape[0], ctx.chunk
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b and bias is not None else None
+        for s in range(0, n, chunk):
+            e = min(n, s + chunk)
+            g = grad_lp[s:e].float()
+            z = _logits(hidden[s:e], weight, bias)
+            gz = torch.exp(z - lse[s:e, None]).mul_(-g[:, None])  # -g * softmax(z)
+            gz.scatter_add_(-1, targets[s:e, None], g[:, None])  # + g * onehot(y)
+            if grad_h is not None:
+                grad_h[s:e] = (gz.to(weight.dtype) @ weight).to(hidden.dtype)
+            if grad_w is not None:
+                grad_w.addmm_(gz.t(), hidden[s:e].float())
+            if grad_b is not None:
+                grad_b += gz.sum(0)
+        return (
+            grad_h,
+            grad_w.to(weight.dtype) if grad_w is not None else None,
+            grad_b.to(bias.dtype) if grad_b is not None else None,
+            None,
+            None,
+            None,
+        )
+
+
+def _logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``z = h W^T (+ b)`` in the parameters' dtype, returned in float32 (as transformers does)."""
+    z = h.to(weight.dtype) @ weight.t()
+    if bias is not None:
+        z = z + bias
+    return z.float()
+
+
+def chunked_token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    chunk_tokens: int = 1024,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``log softmax(W h_t + b)[y_t]`` for each row ``t`` of ``hidden[N, H]``, in float32.
+
+    ``weight`` is the output projection ``[V, H]``, ``targets`` the chosen tokens ``[N]``.
+    At most ``chunk_tokens`` rows of logits exist at once, in the forward and in the backward
+    pass. Returns ``(logprobs[N], entropy[N] or None)``; only the log-probs carry gradients.
+    """
+    if chunk_tokens <= 0:
+        raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
+    lp, ent = _ChunkedTokenLogprobs.apply(hidden, weight, bias, targets, int(chunk_tokens), bool(with_entropy))
+    return lp, (ent if with_entropy else None)
+
+
+class PolicyModel(torch.nn.Module):
+    """A Hugging Face causal LM seen as a policy: ``forward`` returns chosen-token log-probs.
+
+    ``lm`` must expose ``get_decoder()`` (the transformer body, returning the final normalised
+    hidden states) and ``get_output_embeddings()`` (the output projection), as transformers'
+    causal LMs do. Models that change the logits after the projection (soft-capping, scaling)
+    are not supported: :meth:`check_against_full_logits` detects them.
+    """
+
+    def __init__(self, lm: torch.nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        select: torch.Tensor,
+        chunk_tokens: int = 1024,
+        with_entropy: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-prob of ``input_ids[b, t+1]`` given ``input_ids[b, :t+1]`` where ``select[b, t]``.
+
+        ``input_ids``/``attention_mask`` are ``[B, T]`` (right padding), ``select`` is bool
+        ``[B, T-1]``. Returns flat tensors over the selected positions in row-major order.
+        """
+        hidden = self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        head = self.lm.get_output_embeddings()
+        h = hidden[:, :-1][select]
+        targets = input_ids[:, 1:][select]
+        return chunked_token_logprobs(
+            h, head.weight, targets, bias=getattr(head, "bias", None), chunk_tokens=chunk_tokens, with_entropy=with_entropy
+        )
+
+    @torch.no_grad()
+    def check_against_full_logits(self, vocab_size: int, length: int = 8) -> float:
+        """Largest |difference| between this path and ``log_softmax(lm(...).logits)`` on random
+        tokens (call on the plain, not yet sharded, model)."""
+        ids = torch.randint(0, vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
+        device = next(self.lm.parameters()).device
+        ids = ids.to(device)
+        attn = torch.ones_like(ids)
+        select = torch.ones(1, length - 1, dtype=torch.bool, device=device)
+        lp, _ = self.forward(ids, attn, select)
+        ref = torch.log_softmax(self.lm(input_ids=ids, attention_mask=attn).logits.float(), -1)[0, :-1]
+        ref = ref.gather(-1, ids[0, 1:, None]).squeeze(-1)
+        return float((lp - ref).abs().max())
