@@ -190,6 +190,27 @@ class LearnerConfig(_Section):
     """Clip the global gradient norm to this value."""
     warmup_steps: int = Field(0, ge=0)
     """Linear learning-rate warm-up, optimizer steps."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning rate after warm-up: ``constant``, or ``linear``/``cosine`` decay to
+    ``min_lr_ratio * lr`` at the last step (``max_steps * algo.updates_per_batch`` updates).
+    Constant by default: RL runs are often extended or resumed, and the common RL recipes
+    (DAPO, verl's defaults) keep the LR constant after warm-up."""
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """Floor of the ``linear``/``cosine`` decay, as a fraction of ``lr``."""
+    adam_eps: float = Field(1e-8, gt=0)
+    """AdamW epsilon."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass: less memory for long
+    sequences, about one more forward pass of compute. Off by default (tiny models and short
+    episodes do not need it)."""
+    logprob_chunk_tokens: int = Field(1024, gt=0)
+    """Positions per chunk of the output projection when computing chosen-token log-probs: at
+    most this many rows of full-vocabulary logits exist at once (forward and backward)."""
+    compute_entropy: bool = True
+    """Report the policy's mean token entropy (a metric; computed from the same logit chunks)."""
+    reference_model: str | None = None
+    """Frozen reference model for the KL term (only loaded when ``algo.kl_coef > 0``); default:
+    the model RL starts from (after SFT, when there is an SFT stage)."""
     batch_size: int = Field(16, gt=0)
     """Samples (not groups) per optimizer step; a multiple of ``rollout.group_size``."""
     max_steps: int = Field(10, gt=0)
@@ -211,15 +232,71 @@ class LearnerConfig(_Section):
 class AlgoConfig(_Section):
     """The RL objective."""
 
-    advantage: Literal["grpo", "dr_grpo"] = "grpo"
-    """Advantage estimator: ``grpo`` (group mean and std) or ``dr_grpo`` (group mean only)."""
-    clip_low: float = Field(0.2, ge=0)
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = "grpo"
+    """Advantage estimator: ``grpo`` (group mean and std), ``dr_grpo`` (group mean only),
+    ``rloo`` (leave-one-out mean), ``reinforce_pp`` (batch mean and std), ``reinforce_pp_baseline``
+    (group mean removed, then batch-normalised). See ``agentrl/algos/``."""
+    filter_zero_variance_groups: bool = False
+    """Drop groups whose samples all got the same reward (DAPO dynamic sampling). Off by default:
+    agentrl does not over-sample to refill the batch, so filtering makes batch sizes vary."""
+    overlong_max_tokens: int | None = Field(None, gt=0)
+    """DAPO's soft overlong punishment: generated tokens of an episode beyond
+    ``overlong_max_tokens - overlong_buffer_tokens`` cost reward linearly, down to -1 at
+    ``overlong_max_tokens``. ``None`` (default): no penalty."""
+    overlong_buffer_tokens: int = Field(64, gt=0)
+    """Length of the penalty ramp, tokens (at most ``overlong_max_tokens``)."""
+    policy_loss: Literal["ppo", "gspo"] = "ppo"
+    """``ppo``: token-level ratio; ``gspo``: sequence-level ratio (use a narrow clip range such as
+    3e-4/4e-4 and ``loss_agg = "seq-mean-token-mean"``)."""
+    clip_low: float = Field(0.2, ge=0, lt=1)
     """PPO ratio lower clip: ratios below ``1 - clip_low`` stop contributing."""
     clip_high: float = Field(0.28, ge=0)
     """PPO ratio upper clip (clip-higher, DAPO): ratios above ``1 + clip_high`` stop contributing."""
+    dual_clip: float | None = Field(3.0, gt=1)
+    """Dual clip for negative advantages: the loss of a token is at most ``dual_clip * |A|``
+    (bounds stale or divergent tokens whose ratio exploded); ``None`` disables it."""
+    off_policy: Literal["decoupled", "behaviour"] = "decoupled"
+    """``decoupled`` (default): clip around the learner's own weights (proximal policy) and
+    correct the generator's staleness/mismatch with the importance weight ``pi_prox/pi_behav``;
+    ``behaviour``: classic PPO, clip around the generator's log-probs (stale tokens get clipped
+    for reasons unrelated to the update)."""
+    is_cap: float | None = Field(2.0, gt=0)
+    """Truncation cap of the importance weight ``pi_prox/pi_behav`` (decoupled only): bounded
+    variance for a little bias; 2 as in Yao et al. and verl. ``None``: untruncated."""
+    ratio_band: tuple[float, float] | None = None
+    """Drop tokens whose ``pi_prox/pi_behav`` lies outside ``[low, high]`` (e.g. ``[0.5, 2.0]``
+    for bf16/fp8 generators or MoE models). ``None`` (default): with float32 on both sides the
+    mismatch is ~1e-6, a band would drop nothing."""
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    """How per-token losses are averaged: ``token-mean`` (default: every token weighs the same,
+    long episodes are not down-weighted, DAPO), ``seq-mean-token-sum`` (Dr. GRPO, no length
+    bias), ``seq-mean-token-mean`` (original GRPO; GSPO)."""
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of the KL penalty against a frozen reference model (``learner.reference_model``).
+    0 (default): no reference model is loaded (DAPO/Dr. GRPO drop the term for verifiable rewards)."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Per-token KL estimator (k3: unbiased and never negative)."""
+    updates_per_batch: int = Field(1, gt=0)
+    """Optimizer updates per batch (the batch is split into this many mini-batches). Each batch
+    still publishes one weight version."""
+    proximal: Literal["auto", "recompute", "detached"] = "auto"
+    """Proximal log-probs of decoupled PPO: ``recompute`` (a forward pass without gradient over the
+    batch before its first update), ``detached`` (the current log-probs, free and identical when
+    the batch gets one update), ``auto`` (recompute exactly when ``updates_per_batch > 1``)."""
     max_staleness: int = Field(1, ge=0)
     """Largest allowed difference between the learner's version and the oldest version that
     wrote a trained token. 0 = on-policy (``sync``)."""
+
+    @model_validator(mode="after")
+    def _check_algo(self) -> "AlgoConfig":
+        if self.ratio_band is not None and not 0 <= self.ratio_band[0] <= 1 <= self.ratio_band[1]:
+            raise ValueError(f"ratio_band must satisfy 0 <= low <= 1 <= high, got {list(self.ratio_band)}")
+        if self.overlong_max_tokens is not None and self.overlong_buffer_tokens > self.overlong_max_tokens:
+            raise ValueError(
+                f"overlong_buffer_tokens ({self.overlong_buffer_tokens}) must not exceed "
+                f"overlong_max_tokens ({self.overlong_max_tokens})"
+            )
+        return self
 
 
 class SftConfig(_Section):

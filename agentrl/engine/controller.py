@@ -111,16 +111,31 @@ class Controller:
 
     def _learner_actors(
         self, model: str, *, env_vars: dict[str, str], lr: float | None = None, torch_threads: int | None = None,
-        warmup_steps: int | None = None,
+        warmup_steps: int | None = None, total_steps: int | None = None, for_rl: bool | None = None,
     ) -> list[Any]:
         """Create (not set up) the learner ranks as Ray actors; ``lr``/``torch_threads``/``warmup_steps``
-        override the recipe's learner values (the SFT stage uses its own)."""
+        override the recipe's learner values (the SFT stage uses its own).
+
+        ``for_rl`` (default: ``lr`` is not overridden) says whether the ranks train the RL
+        objective: only then do they get ``learner.lr_schedule`` over ``total_steps`` (default
+        ``max_steps * algo.updates_per_batch``) and load a reference model for a KL term. Other
+        stages get a constant LR after warm-up unless they pass ``total_steps``."""
         import ray
 
+        from agentrl.algos import ObjectiveSettings
         from agentrl.engine.learner import Learner
 
         r = self.recipe
-        lcfg = r.learner
+        lcfg, a = r.learner, r.algo
+        rl = lr is None if for_rl is None else for_rl
+        objective = ObjectiveSettings(
+            policy_loss=a.policy_loss, clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip,
+            off_policy=a.off_policy, is_cap=a.is_cap, ratio_band=tuple(a.ratio_band) if a.ratio_band else None,
+            loss_agg=a.loss_agg, kl_coef=a.kl_coef if rl else 0.0, kl_estimator=a.kl_estimator,
+        )
+        if total_steps is None and rl:
+            total_steps = lcfg.max_steps * a.updates_per_batch
+        schedule = lcfg.lr_schedule if total_steps is not None else "constant"
         port = _free_port()
         learner_cls = ray.remote(Learner)
         return [
@@ -134,11 +149,20 @@ class Controller:
                 lr=lr if lr is not None else lcfg.lr,
                 betas=lcfg.betas,
                 weight_decay=lcfg.weight_decay,
+                adam_eps=lcfg.adam_eps,
                 grad_clip=lcfg.grad_clip,
                 warmup_steps=warmup_steps if warmup_steps is not None else lcfg.warmup_steps,
+                lr_schedule=schedule,
+                total_steps=total_steps,
+                min_lr_ratio=lcfg.min_lr_ratio,
                 micro_batch_tokens=lcfg.micro_batch_tokens,
-                clip_low=r.algo.clip_low,
-                clip_high=r.algo.clip_high,
+                logprob_chunk_tokens=lcfg.logprob_chunk_tokens,
+                activation_checkpointing=lcfg.activation_checkpointing,
+                compute_entropy=lcfg.compute_entropy,
+                objective=objective,
+                updates_per_batch=a.updates_per_batch if rl else 1,
+                proximal=a.proximal,
+                reference_model=lcfg.reference_model or model,
                 torch_threads=torch_threads if torch_threads is not None else lcfg.torch_threads,
                 timeout_s=lcfg.timeout_s,
                 seed=r.seed,
@@ -245,20 +269,41 @@ class Controller:
 
     # ------------------------------------------------------------------ one step
     def _batch_samples(self, batch: list[list[Trajectory]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        from agentrl.algos import group_advantages
+        """Training samples of a batch of groups: trainable episodes only, rewards with the
+        overlong penalty (when set), zero-variance groups dropped (when set), advantages by
+        ``algo.advantage`` over the groups that remain."""
+        import torch
 
-        trainable = [[t for t in g if t.trainable] for g in batch]
-        advs = group_advantages([[t.reward for t in g] for g in trainable], self.recipe.algo.advantage)
+        from agentrl.algos import compute_advantages, nonzero_variance_mask, overlong_penalty
+
+        a = self.recipe.algo
+        kept = [t for g in batch for t in g if t.trainable]
+        group = torch.tensor([gi for gi, g in enumerate(batch) for t in g if t.trainable], dtype=torch.long)
+        rewards = torch.tensor([float(t.reward) for t in kept], dtype=torch.float64)
+        penalty = torch.zeros_like(rewards)
+        if a.overlong_max_tokens is not None and kept:
+            lengths = torch.tensor([t.num_generated for t in kept])
+            penalty = overlong_penalty(lengths, a.overlong_max_tokens, a.overlong_buffer_tokens)
+        rewards = rewards + penalty
+        keep = nonzero_variance_mask(rewards, group) if a.filter_zero_variance_groups and kept else torch.ones(len(kept), dtype=torch.bool)
+        dropped_groups = len(set(group[~keep].tolist()))
+        idx = keep.nonzero().flatten().tolist()
+        advs = compute_advantages(rewards[idx], group[idx], a.advantage).tolist() if idx else []
         samples = [
             {
-                "tokens": t.tokens,
-                "loss_mask": t.loss_mask,
-                "behaviour_logprobs": t.behaviour_logprobs,
-                "advantage": a,
+                "tokens": kept[i].tokens,
+                "loss_mask": kept[i].loss_mask,
+                "behaviour_logprobs": kept[i].behaviour_logprobs,
+                "advantage": adv,
+                "versions": kept[i].versions,
             }
-            for g, ga in zip(trainable, advs)
-            for t, a in zip(g, ga)
+            for i, adv in zip(idx, advs)
         ]
+        algo_stats = {
+            "zero_variance_groups_dropped": dropped_groups,
+            "overlong_penalty_mean": float(penalty.mean()) if kept else 0.0,
+            "advantage_abs_mean": sum(abs(x) for x in advs) / max(1, len(advs)),
+        }
         flat = [t for g in batch for t in g]
         ok = [t for t in flat if t.trainable]
         stats = {
@@ -270,6 +315,7 @@ class Controller:
             "tool_calls_mean": sum(t.metrics.get("tool_calls", 0) for t in flat) / max(1, len(flat)),
             "generated_tokens_mean": sum(t.num_generated for t in flat) / max(1, len(flat)),
             "max_token_version": max((t.newest_version or 0) for t in flat) if flat else 0,
+            **algo_stats,
         }
         return samples, stats
 

@@ -1,0 +1,42 @@
+"""The controller turns groups of trajectories into learner samples: advantages, filters, penalty."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.config import validate_recipe
+from agentrl.engine.controller import Controller
+from agentrl.engine.trajectory import Trajectory
+
+
+def _traj(reward: float, group: str, generated: int, status: str = "ok") -> Trajectory:
+    n = 3 + generated
+    return Trajectory(
+        tokens=list(range(5, 5 + n)), loss_mask=[0] * 3 + [1] * generated, behaviour_logprobs=[0.0] * 3 + [-1.0] * generated,
+        versions=[-1] * 3 + [0] * generated, reward=reward, group_id=group, sample_index=0, prompt_index=0, status=status,
+    )
+
+
+def _controller(**algo) -> Controller:
+    return Controller(validate_recipe({"model": {"path": "unused"}, "rollout": {"group_size": 2}, "learner": {"batch_size": 4}, "algo": algo}))
+
+
+def test_advantages_per_group_and_infra_failures_left_out():
+    batch = [[_traj(1.0, "a", 4), _traj(0.0, "a", 4)], [_traj(1.0, "b", 4), _traj(0.0, "b", 4, status="infra_failure")]]
+    samples, stats = _controller(advantage="dr_grpo")._batch_samples(batch)
+    assert [s["advantage"] for s in samples] == [0.5, -0.5, 0.0]
+    assert stats["infra_failures_batch"] == 1
+    assert samples[0]["versions"] == [-1, -1, -1, 0, 0, 0, 0]
+
+
+def test_zero_variance_groups_dropped_and_overlong_penalty():
+    batch = [[_traj(1.0, "a", 4), _traj(1.0, "a", 4)], [_traj(1.0, "b", 4), _traj(1.0, "b", 8)]]
+    ctl = _controller(advantage="dr_grpo", filter_zero_variance_groups=True, overlong_max_tokens=8, overlong_buffer_tokens=4)
+    samples, stats = ctl._batch_samples(batch)
+    # group b: 8 generated tokens sit at the end of the ramp -> penalty -1 -> rewards (1, 0)
+    assert stats["zero_variance_groups_dropped"] == 1
+    assert [s["advantage"] for s in samples] == pytest.approx([0.5, -0.5])
+    assert stats["overlong_penalty_mean"] == pytest.approx(-0.25)
+    # everything filtered: an empty list (the learner accepts it)
+    samples, stats = ctl._batch_samples([[_traj(1.0, "a", 2), _traj(1.0, "a", 2)]])
+    assert samples == [] and stats["zero_variance_groups_dropped"] == 1
