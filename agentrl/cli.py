@@ -6,6 +6,7 @@
     agentrl check RECIPE [--set section.key=value ...]   validate a recipe without running it
     agentrl eval RECIPE --checkpoint DIR                  held-out metrics of a checkpoint
     agentrl report RUN_DIR                                plots and a summary of a run
+    agentrl export CHECKPOINT_DIR OUT_DIR                 Hugging Face folder of a training checkpoint
     agentrl model init tiny OUT_DIR [--env ID]            build a tiny Qwen2 model + tokenizer
 
 Errors agentrl raises on purpose print one clear message and exit with status 2; anything else
@@ -38,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a recipe value")
     rep = sub.add_parser("report", help="plots and a summary of a run directory")
     rep.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
+    ex = sub.add_parser("export", help="write a training checkpoint's model as a Hugging Face folder")
+    ex.add_argument("checkpoint_dir", help="a learner checkpoint (RUN_DIR/checkpoints/step_N or its learner/ folder)")
+    ex.add_argument("out_dir", help="folder to write (replaced atomically if it exists)")
     m = sub.add_parser("model", help="build models")
     msub = m.add_subparsers(dest="model_command", required=True)
     init = msub.add_parser("init", help="build a tiny model and tokenizer as a Hugging Face folder")
@@ -103,6 +107,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             out = write_report(args.run_dir)
             print(f"report written to {out}/ (training.png, summary.md)")
+            return 0
+        if args.command == "export":
+            from agentrl.engine.checkpoint import export_checkpoint
+
+            print(f"exported to {export_checkpoint(args.checkpoint_dir, args.out_dir)}")
             return 0
         return _model_init(args)
     except AgentRLError as exc:

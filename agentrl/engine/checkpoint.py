@@ -115,13 +115,16 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
     The folder (``model.safetensors``, ``config.json`` and the tokenizer when the checkpoint
     holds one) loads with transformers and vLLM, like a published weight version; it is
     written atomically. Runs in one process, whatever the number of ranks that wrote the
-    checkpoint. Raises :class:`LearnerError` if ``checkpoint_dir`` is not a checkpoint.
+    checkpoint. ``checkpoint_dir`` is a learner checkpoint or a run checkpoint folder holding one
+    in ``learner/``. Raises :class:`LearnerError` if it is neither.
     """
     from transformers import AutoConfig, AutoTokenizer
 
     from agentrl.engine.learner import write_hf_folder
 
     folder = Path(checkpoint_dir)
+    if not (folder / "trainer_state.json").is_file() and (folder / "learner" / "trainer_state.json").is_file():
+        folder = folder / "learner"  # a run's checkpoint (checkpoints/step_N) holds the learner's in learner/
     read_trainer_state(folder)
     hf = folder / "hf"
     try:

@@ -67,3 +67,20 @@ def test_checkpoint_before_the_first_update_and_errors(tiny_calc_model, tmp_path
         learner.shutdown()
     with pytest.raises(LearnerError, match="not an agentrl checkpoint"):
         export_checkpoint(tmp_path / "missing", tmp_path / "out")
+
+
+def test_cli_export(tiny_calc_model, tmp_path, capsys):
+    from agentrl.cli import main
+
+    learner = make_learner(str(tiny_calc_model))
+    try:
+        learner.train_step(make_samples(3, seed=7))
+        learner.save_checkpoint(str(tmp_path / "run" / "checkpoints" / "step_1" / "learner"))
+        want = params(learner)
+    finally:
+        learner.shutdown()
+    assert main(["export", str(tmp_path / "run" / "checkpoints" / "step_1"), str(tmp_path / "hf")]) == 0
+    got = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).state_dict()
+    assert max_diff({k: got[k] for k in want}, want) == 0.0
+    assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "hf2")]) == 2
+    assert "not an agentrl checkpoint" in capsys.readouterr().err
