@@ -11,7 +11,7 @@ import random
 
 from agentrl.envs.calc import SYSTEM_PROMPT, format_interpreter, generate_problems
 
-__all__ = ["demonstrations"]
+__all__ = ["demonstrations", "text_demonstrations"]
 
 
 def _corrupt(value: str, rng: random.Random) -> str:
@@ -48,4 +48,22 @@ def demonstrations(
                 {"role": "assistant", "content": f"\\boxed{{{copied}}}"},
             ]
         convs.append(msgs)
+    return convs
+
+
+def text_demonstrations(n: int, seed: int = 0) -> list[list[dict[str, str]]]:
+    """``n`` text-only conversations for the same problems, in ``agentrl/Math-v0``'s format: the
+    assistant states the (correct) answer in ``\\boxed{}`` without any tool — the baseline that
+    code-interpreter RL is compared with."""
+    from agentrl.envs.math_envs import MATH_PROMPT
+
+    convs = []
+    for row in generate_problems(n, seed + 7919):
+        convs.append(
+            [
+                {"role": "system", "content": MATH_PROMPT},
+                {"role": "user", "content": row["question"]},
+                {"role": "assistant", "content": f"\\boxed{{{row['answer']}}}"},
+            ]
+        )
     return convs
