@@ -1,9 +1,19 @@
-"""The sandbox contract (:class:`ExecResult`, :class:`Sandbox`) and the backends' shared runner.
+"""The sandbox contract (:class:`ExecResult`, :class:`Sandbox`, :class:`SandboxSession`) and the
+backends' shared runner.
 
 A backend turns a string of Python source into an :class:`ExecResult`. Whatever the code does
 (raise, loop forever, exhaust memory, print gigabytes) is an ordinary result; only a failure of the
-backend itself (it cannot start, or the interpreter never got to the user's code) raises
-:class:`agentrl.errors.SandboxError`.
+backend itself (it cannot start, a worker died, or the interpreter never got to the user's code)
+raises :class:`agentrl.errors.SandboxError`.
+
+Two forms:
+
+* one-shot: ``await sandbox.run(code)`` runs ``code`` in a fresh interpreter state; nothing of it
+  survives the call.
+* session (optional, :class:`SessionSandbox`): ``async with sandbox.session() as s:`` gives a
+  notebook-like interpreter whose globals survive from one ``await s.run(...)`` to the next, for
+  the length of one episode; leaving the block (or ``await s.aclose()``) destroys it. Every backend
+  shipped with agentrl implements it.
 
 The private helpers below are shared by :mod:`agentrl.sandbox.bubblewrap` and
 :mod:`agentrl.sandbox.local`: a prelude that runs inside the child interpreter before the user's
@@ -31,7 +41,7 @@ import sniffio
 
 from agentrl.errors import ConfigError, SandboxError
 
-__all__ = ["ExecResult", "Sandbox"]
+__all__ = ["ExecResult", "Sandbox", "SandboxSession", "SessionSandbox", "supports_sessions"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,10 @@ class ExecResult:
         stdout_truncated: stdout was longer than ``max_output_bytes`` and was cut (the rest was
             read and discarded, so the code never blocked on a full pipe).
         stderr_truncated: the same for stderr.
+        state_lost: sessions only: this execution ended the session's interpreter (it ran past its
+            deadline, died of a signal, or called ``os._exit``), so every variable defined so far
+            is gone and the next ``run`` of the session starts from a fresh interpreter. Always
+            false for one-shot runs (which keep no state).
     """
 
     stdout: str
@@ -66,6 +80,7 @@ class ExecResult:
     wall_s: float
     stdout_truncated: bool = False
     stderr_truncated: bool = False
+    state_lost: bool = False
 
     @property
     def ok(self) -> bool:
@@ -79,6 +94,10 @@ class Sandbox(Protocol):
 
     Implementations bound their own concurrency (extra calls wait for a slot) and can be used from
     asyncio or trio (through anyio).
+
+    Optional: ``session(*, memory_mb=None) -> SandboxSession``, a notebook-like interpreter that
+    keeps its state across calls (see :class:`SessionSandbox`). Callers test for it with
+    :func:`supports_sessions`; test doubles need not implement it.
     """
 
     async def run(
@@ -108,6 +127,70 @@ class Sandbox(Protocol):
         ...
 
 
+@runtime_checkable
+class SandboxSession(Protocol):
+    """One interpreter whose state (globals, imports, files in its private ``/tmp``) survives from
+    one :meth:`run` to the next, like the cells of a notebook; for the length of one episode.
+
+    Use it as an async context manager (``async with sandbox.session() as s``): entering starts
+    the interpreter (raising :class:`~agentrl.errors.SandboxError` if it cannot), leaving destroys
+    it and everything it started. Every cell runs under the same isolation and limits as a one-shot
+    run; processes a cell started are killed when the cell ends. A cell that runs past its deadline
+    or kills the interpreter ends the session's state (``ExecResult.state_lost``); the next cell
+    starts over in a fresh interpreter. Different sessions never see each other's state.
+    """
+
+    async def run(
+        self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None
+    ) -> ExecResult:
+        """Run one cell in the session's interpreter.
+
+        Args:
+            code: Python source; it runs in the session's persistent ``__main__`` namespace, as a
+                file named ``cell<N>.py`` (N counts the cells from 1) in tracebacks.
+            timeout_s: wall-clock deadline of this cell in seconds (``None``: the sandbox default).
+                Past it the whole session is killed and ``state_lost`` is set.
+            memory_mb: address-space limit of this cell in MiB (``None``: the session's). It can
+                only be lower than the session's own limit, which is fixed when the session starts.
+
+        Returns:
+            The cell's :class:`ExecResult`; ``exit_code`` is 0, 1 for an uncaught exception, or the
+            value given to ``sys.exit`` (which does not end the session).
+
+        Raises:
+            agentrl.errors.SandboxError: the sandbox failed (a worker died, the session could not be
+                restarted, or the session was closed). Not raised for anything the code does.
+        """
+        ...
+
+    async def aclose(self) -> None:
+        """Destroy the interpreter and everything it started; ``run`` raises afterwards."""
+        ...
+
+    async def __aenter__(self) -> SandboxSession: ...
+
+    async def __aexit__(self, *exc_info: object) -> None: ...
+
+
+@runtime_checkable
+class SessionSandbox(Sandbox, Protocol):
+    """A :class:`Sandbox` that also offers sessions (every backend shipped with agentrl)."""
+
+    def session(self, *, memory_mb: int | None = None) -> SandboxSession:
+        """A new, not yet started, session; start it with ``async with``.
+
+        Args:
+            memory_mb: the session's address-space limit in MiB (``None``: the sandbox default),
+                for the whole session's interpreter on top of what it starts with.
+        """
+        ...
+
+
+def supports_sessions(sandbox: object) -> bool:
+    """Whether ``sandbox`` offers :meth:`SessionSandbox.session`."""
+    return callable(getattr(sandbox, "session", None))
+
+
 # --------------------------------------------------------------------------------------------
 # Shared implementation (private to agentrl.sandbox)
 # --------------------------------------------------------------------------------------------
@@ -125,8 +208,8 @@ _NO_UID = -1
 
 _MEMORY_ERROR_RE = re.compile(rb"(?m)^MemoryError\b")
 
-# Runs as ``python -I -S -c _PRELUDE <marker_fd> <uid> <cpu_s> <as_bytes> <fsize> <nofile> <nproc>``
-# (a uid of -1: keep the identity).
+# Runs as ``python -I -S -c _PRELUDE <marker_fd> <uid> <cpu_s> <as_bytes> <fsize> <nofile> <nproc>
+# [<extra sys.path entries, colon-separated>]`` (a uid of -1: keep the identity).
 # Order matters: drop privileges, apply limits, *then* write the marker byte (proof that setup
 # finished and the user's code is about to run, so anything after it is the code's doing), close
 # every inherited descriptor, read the code from stdin, save a copy as ./main.py (for source lines
@@ -151,6 +234,8 @@ def _agentrl_prelude():
         (R.RLIMIT_NPROC, nproc, nproc),
     ):
         resource.setrlimit(res, (soft, hard))
+    if len(sys.argv) > 8 and sys.argv[8]:
+        sys.path.extend(sys.argv[8].split(":"))
     os.write(fd, b"1")
     for name in os.listdir("/proc/self/fd"):
         if int(name) > 2:
@@ -211,7 +296,9 @@ class _Limits:
         )
 
 
-def _python_argv(python: str, marker_fd: int, limits: _Limits, uid: int = _NO_UID) -> list[str]:
+def _python_argv(
+    python: str, marker_fd: int, limits: _Limits, uid: int = _NO_UID, sys_path: Sequence[str] = ()
+) -> list[str]:
     """The interpreter command line that runs the prelude.
 
     ``-I``: isolated mode (no ``PYTHON*`` variables, no user site, no script directory on the path);
@@ -231,6 +318,7 @@ def _python_argv(python: str, marker_fd: int, limits: _Limits, uid: int = _NO_UI
         str(limits.fsize_bytes),
         str(limits.nofile),
         str(limits.nproc),
+        *([":".join(sys_path)] if sys_path else []),
     ]
 
 
@@ -499,7 +587,7 @@ async def _supervise(
     return _Raw(out, err, returncode, timed_out, started, wall_s)
 
 
-def _to_result(raw: _Raw, *, what: str) -> ExecResult:
+def _to_result(raw: _Raw, *, what: str, state_lost: bool = False) -> ExecResult:
     """Interpret a supervised run, raising :class:`SandboxError` when the code never ran."""
     stderr_text = bytes(raw.stderr.data).decode("utf-8", "replace")
     if not raw.started:
@@ -524,4 +612,5 @@ def _to_result(raw: _Raw, *, what: str) -> ExecResult:
         wall_s=raw.wall_s,
         stdout_truncated=raw.stdout.truncated,
         stderr_truncated=raw.stderr.truncated,
+        state_lost=state_lost,
     )

@@ -1,42 +1,90 @@
-"""A sandbox that runs each execution in a fresh bubblewrap (``bwrap``) container.
+"""A sandbox built on bubblewrap (``bwrap``): warm fork-server workers, or one container per run.
 
-See :mod:`agentrl.sandbox` for the threat model. Per execution, ``bwrap`` builds an empty root on a
-tmpfs and mounts into it, read-only, only what the interpreter needs (``/usr``, the ``/bin``,
-``/lib``, ``/lib64`` links or directories, ``/etc/alternatives``, ``/etc/ld.so.cache`` and the
-interpreter's own prefix), plus a private ``/proc``, a minimal ``/dev`` and a size-capped tmpfs
-``/tmp`` as the working directory. Every namespace is unshared (no network at all: only a loopback
-interface of its own), the environment is cleared, and the code runs as uid/gid 65534 with no
-capabilities under rlimits applied by a small prelude before the code (see
-:mod:`agentrl.sandbox.base`).
+See :mod:`agentrl.sandbox` for the threat model. Both modes build the same container: an empty root
+on a tmpfs holding, read-only, only what the interpreter needs (``/usr``, the ``/bin``, ``/lib``,
+``/lib64`` links or directories, ``/etc/alternatives``, ``/etc/ld.so.cache``, the interpreter's
+own prefix and the configured site-packages directories, bound at ``/opt/site/<i>``), plus a
+private ``/proc``, a minimal ``/dev`` and a size-capped tmpfs ``/tmp`` as the working directory.
+Every namespace is unshared (no network at all: only a loopback interface of its own), the
+environment is cleared, and the code runs as uid/gid 65534 with no capabilities under rlimits.
+
+**Warm mode** (``warm=True``, the default). Each worker is one long-lived ``bwrap`` container
+running a fork server (:mod:`agentrl.sandbox._guest`, mode ``server``) that has imported the
+configured modules (numpy and sympy by default) and run a warm-up. Per execution the server hands
+out a *tree* it forked ahead of the request: ``I``, pid 1 of a fresh PID namespace with fresh mount
+and IPC namespaces, a fresh tmpfs on ``/tmp`` and ``/dev/shm`` and its own ``/proc``; and ``U``,
+its child, in a user namespace of its own as uid 65534 without capabilities, waiting for the code.
+The engine sends the code and the write ends of two pipes straight to ``U``, reads the pipes
+itself (capped), and at the deadline SIGKILLs ``I`` through a pidfd, which kills the whole PID
+namespace. When ``U`` exits, ``I`` kills whatever else is left in the namespace and reports the
+exit status. An execution therefore costs no interpreter start-up, import or fork. A worker runs
+one execution at a time (so concurrent executions never share its network namespace); there are
+at most ``max_concurrency`` workers, started on demand (or ahead with :meth:`start`). A worker that
+dies or misbehaves is killed and replaced; the execution it was running raises
+:class:`~agentrl.errors.SandboxError`. ``memory_mb`` is on top of the warm interpreter's own
+address space (about 150 MB with numpy and sympy).
+
+**Per-execution mode** (``warm=False``). Each execution is a fresh ``bwrap`` container running
+``python -I -S`` with a prelude that applies the limits (about 30 ms per execution, plus the
+imports the code does).
+
+**Sessions** (:meth:`BubblewrapSandbox.session`): a tree whose ``U`` keeps one ``__main__``
+namespace across calls; it also gets a network namespace of its own. In warm mode it is forked by
+a warm worker (milliseconds, modules already imported); in per-execution mode by a dedicated worker
+without preloads, started for the session.
 
 Running as root needs one extra step. ``bwrap --unshare-user`` maps the sandbox's uid to the
 caller's uid, so under root the sandboxed process would still be host uid 0, for which the kernel
 does not enforce ``RLIMIT_NPROC`` (a fork bomb would go unchecked) and which owns every root-owned
-file that is bound in. So under root the sandbox pre-creates, once per concurrency slot, a user
-namespace mapping ``0 -> 0`` and ``65534 -> 65534``; ``bwrap --userns`` enters it as uid 0 with only
-``CAP_SETUID``/``CAP_SETGID`` (to build the mounts, which may need to reach into ``/root``), and the
-prelude then drops to uid/gid 65534 (host uid 65534, no capabilities left) before any of the code
-runs. One namespace per slot keeps the process count per execution (the kernel counts processes per
-user namespace and uid). The two capabilities stay in the code's *inheritable* set (bwrap puts them
-there), which is inert: no permitted, effective or ambient capabilities, and ``no_new_privs``. (``bwrap --userns ... --uid 65534`` would be simpler, but bubblewrap 0.8
-fails there: it calls ``setuid`` before ``setgid``.) Not root: plain ``bwrap --unshare-all --uid
-65534``, where the host uid is the caller's and ``RLIMIT_NPROC`` applies normally.
+file that is bound in. So under root the sandbox pre-creates a user namespace mapping ``0 -> 0`` and
+``65534 -> 65534`` (one per concurrency slot in per-execution mode, one per worker in warm mode);
+``bwrap --userns`` enters it as uid 0 with only the capabilities the setup needs
+(``CAP_SETUID``/``CAP_SETGID`` per execution; the warm server also ``CAP_SYS_ADMIN`` and
+``CAP_NET_ADMIN``, over its own namespaces only), and the code then runs as uid/gid 65534 (host uid
+65534, no capabilities left) before any of it runs. The process count is per execution: a user
+namespace per slot in per-execution mode, a nested one per tree in warm mode (the kernel counts
+processes per user namespace and uid). Capabilities left in the code's *inheritable* set are inert:
+no permitted, effective or ambient capabilities, and ``no_new_privs``. (``bwrap --userns ... --uid
+65534`` would be simpler, but bubblewrap 0.8 fails there: it calls ``setuid`` before ``setgid``.)
+Not root: plain ``bwrap --unshare-all --uid 65534`` per execution, where the host uid is the
+caller's and ``RLIMIT_NPROC`` applies normally; warm workers and sessions need root (see
+:class:`BubblewrapSandbox`).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
 import os
 import shutil
+import signal
+import site
+import socket
 import subprocess
 import sys
+import sysconfig
+import tempfile
+import time
 from collections.abc import Sequence
+from typing import Any
 
-from agentrl.errors import SandboxError, SandboxUnavailable
+import anyio
+
+from agentrl.errors import ConfigError, SandboxError, SandboxUnavailable
+from agentrl.sandbox._tree import (
+    GUEST_SOURCE,
+    AsyncConn,
+    Tree,
+    frame,
+    request_header,
+    run_on_tree,
+)
 from agentrl.sandbox.base import (
     ExecResult,
     _base_python,
     _check_settings,
+    _kill_group,
     _Limits,
     _LoopLocal,
     _python_argv,
@@ -45,13 +93,14 @@ from agentrl.sandbox.base import (
     _to_result,
 )
 
-__all__ = ["BubblewrapSandbox"]
+__all__ = ["BubblewrapSandbox", "BubblewrapSession", "DEFAULT_PRELOAD", "DEFAULT_WARMUP"]
 
 log = logging.getLogger(__name__)
 
 #: The unprivileged identity the code runs as (``nobody``/``nogroup`` on Debian).
 SANDBOX_UID = 65534
-#: Size of the private ``/tmp`` tmpfs of each execution (bytes of host memory at most).
+#: Size of the private ``/tmp`` tmpfs of each execution (bytes of host memory at most); warm trees
+#: get one of this size for ``/tmp`` and one for ``/dev/shm``.
 TMPFS_BYTES = 128 * 1024 * 1024
 #: The environment inside the sandbox (everything else is cleared).
 SANDBOX_ENV = {
@@ -63,6 +112,29 @@ SANDBOX_ENV = {
 #: System paths bound read-only when present (symlinks, e.g. merged-/usr ``/lib -> usr/lib``, are
 #: recreated as symlinks).
 SYSTEM_PATHS = ("/usr", "/bin", "/lib", "/lib64", "/etc/alternatives", "/etc/ld.so.cache")
+#: Where the site-packages directories are bound inside (``/opt/site/0``, ``/opt/site/1``, ...).
+SITE_MOUNT = "/opt/site"
+#: Modules a warm worker imports when ``preload`` is not given (those that are installed).
+DEFAULT_PRELOAD = ("numpy", "sympy")
+#: Code a warm worker runs once after its imports when ``warmup`` is not given: it pulls in the
+#: lazily imported parts of the preloaded modules (sympy's solvers, numpy's linalg).
+DEFAULT_WARMUP = """\
+import sys
+if "sympy" in sys.modules:
+    import sympy
+    x = sympy.Symbol("x")
+    sympy.solve(x**2 - 2, x)
+    sympy.simplify(sympy.sin(x) ** 2 + sympy.cos(x) ** 2)
+    sympy.Rational(1, 3) + sympy.sqrt(8)
+    sympy.integrate(x**2, x)
+if "numpy" in sys.modules:
+    import numpy
+    numpy.linalg.solve(numpy.eye(2), numpy.ones(2))
+"""
+#: Capabilities the warm server keeps (inside its own user namespace only).
+_SERVER_CAPS = (
+    "CAP_SETUID", "CAP_SETGID", "CAP_SETFCAP", "CAP_SYS_ADMIN", "CAP_SYS_CHROOT", "CAP_NET_ADMIN",
+)
 
 _INSTALL_HINT = (
     "bubblewrap (`bwrap`) is not installed or not on PATH; install it with "
@@ -83,24 +155,41 @@ _UNSHARE_HELPER = (
 
 
 class BubblewrapSandbox:
-    """Runs each execution in a fresh ``bwrap`` container as an unprivileged user (Linux only).
+    """Runs code in bubblewrap containers as an unprivileged user (Linux only).
 
     Args:
-        max_concurrency: most executions running at once; further ``run`` calls wait for a slot.
+        max_concurrency: most executions running at once (and, in warm mode, most workers);
+            further ``run`` calls wait for a slot.
         timeout_s: default wall-clock deadline per execution, in seconds.
-        memory_mb: default address-space limit (RLIMIT_AS) per process, in MiB.
+        memory_mb: default address-space limit (RLIMIT_AS) per process, in MiB; in warm mode on top
+            of the warm interpreter's own address space.
         max_output_bytes: how much of stdout, and of stderr, is kept per execution (bytes).
         max_processes: most processes/threads the code may have at once (RLIMIT_NPROC, counted per
             execution), the interpreter's main thread included.
         python: interpreter to run inside (path or name on PATH); default: the base interpreter
-            of the running Python (not its virtualenv: site-packages of a venv are not visible).
-            Its installation prefix is bound read-only at the same path.
+            of the running Python (not its virtualenv's shim). Its installation prefix is bound
+            read-only at the same path.
+        warm: keep warm fork-server workers (default; needs root, see below) instead of starting
+            one container and interpreter per execution.
+        preload: modules each warm worker imports before forking executions. ``None``: those of
+            :data:`DEFAULT_PRELOAD` that are installed; an explicit list must import (a worker
+            that cannot import one fails to start with :class:`SandboxError`).
+        warmup: Python code each warm worker runs once after the imports; ``None``:
+            :data:`DEFAULT_WARMUP`; ``""``: none.
+        site_packages: directories bound read-only at ``/opt/site/<i>`` and appended to the code's
+            ``sys.path`` (both modes). ``None``: the running interpreter's site-packages when
+            ``python`` is not given, else none. Everything in them is readable by the code.
+        startup_timeout_s: longest wait for a warm worker to be ready (imports included).
 
     Raises:
         SandboxUnavailable: ``bwrap`` is not installed (the message says how to install it), or,
             under root, user namespaces cannot be created.
         SandboxError: the interpreter cannot be found or run.
         ConfigError: an argument is out of range.
+
+    Warm workers and sessions need root (to give each execution user, PID and mount namespaces
+    of its own inside the worker); as another user, ``warm=True`` falls back to per-execution
+    containers with a warning, and :meth:`session` raises :class:`SandboxUnavailable`.
 
     Use from one event loop at a time; ``await sandbox.aclose()`` (or ``async with``) when done.
     """
@@ -114,11 +203,20 @@ class BubblewrapSandbox:
         max_output_bytes: int = 16384,
         max_processes: int = 64,
         python: str | None = None,
+        warm: bool = True,
+        preload: Sequence[str] | None = None,
+        warmup: str | None = None,
+        site_packages: Sequence[str] | None = None,
+        startup_timeout_s: float = 120.0,
     ) -> None:
         _check_settings(
             max_concurrency=max_concurrency, timeout_s=timeout_s, memory_mb=memory_mb,
             max_output_bytes=max_output_bytes, max_processes=max_processes,
         )
+        if not startup_timeout_s > 0:
+            raise ConfigError(f"sandbox: startup_timeout_s must be > 0, got {startup_timeout_s!r}")
+        if isinstance(preload, str):
+            raise ConfigError("sandbox: preload must be a list of module names, not a string")
         bwrap = shutil.which("bwrap")
         if bwrap is None:
             raise SandboxUnavailable(_INSTALL_HINT)
@@ -127,22 +225,46 @@ class BubblewrapSandbox:
         self.max_output_bytes = int(max_output_bytes)
         self.max_processes = int(max_processes)
         self.max_concurrency = int(max_concurrency)
+        self.startup_timeout_s = float(startup_timeout_s)
         self._bwrap = bwrap
         self._python, prefixes = _resolve_python(python)
         self._privileged = os.geteuid() == 0
+        if warm and not self._privileged:
+            log.warning(
+                "BubblewrapSandbox: warm workers need root; running one bwrap container per "
+                "execution instead (isolated, but each execution starts an interpreter)"
+            )
+        self.warm = bool(warm) and self._privileged
+        if site_packages is None:
+            site_packages = _default_site_packages() if python is None else []
+        self.site_packages = [os.path.realpath(p) for p in site_packages if os.path.isdir(p)]
+        self._site_inside = [f"{SITE_MOUNT}/{i}" for i in range(len(self.site_packages))]
+        if preload is None:
+            self.preload = [m for m in DEFAULT_PRELOAD if _importable(m, self.site_packages)]
+            self._strict_preload = False
+        else:
+            self.preload = list(preload)
+            self._strict_preload = True
+        self.warmup = DEFAULT_WARMUP if warmup is None else warmup
         self._limiter = _LoopLocal(self.max_concurrency)
         self._closed = False
         self._userns_pool: list[int] = (
-            [_new_userns() for _ in range(self.max_concurrency)] if self._privileged else []
+            [_new_userns() for _ in range(self.max_concurrency)]
+            if self._privileged and not self.warm else []
         )
         self._static_args = self._build_static_args(bwrap, prefixes)
+        self._idle: list[_Worker] = []
+        self._launching: list[_Worker] = []
+        self._workers: set[_Worker] = set()
+        self._failure: SandboxError | None = None
+        self._sessions: set[BubblewrapSession] = set()
 
     # -- public API -------------------------------------------------------------------------
 
     async def run(
         self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None
     ) -> ExecResult:
-        """Execute ``code`` in a fresh container; see :meth:`agentrl.sandbox.Sandbox.run`."""
+        """Execute ``code`` in a fresh process; see :meth:`agentrl.sandbox.Sandbox.run`."""
         if self._closed:
             raise SandboxError("BubblewrapSandbox.run called after aclose()")
         timeout, memory = _run_settings(timeout_s, memory_mb, self.timeout_s, self.memory_mb)
@@ -150,24 +272,59 @@ class BubblewrapSandbox:
             timeout_s=timeout, memory_mb=memory, max_processes=self.max_processes
         )
         async with self._limiter.get():
-            userns = self._take_userns()
+            if self.warm:
+                return await self._run_warm(code, timeout, limits)
+            return await self._run_cold(code, timeout, limits)
+
+    async def start(self, workers: int | None = None) -> None:
+        """Start warm workers and wait until they are ready (default: ``max_concurrency`` of
+        them), so that executions do not run on the per-execution path while workers warm up.
+        No-op in per-execution mode.
+
+        Raises:
+            SandboxError: a worker could not start (the message carries its error output).
+        """
+        if not self.warm:
+            return
+        if self._closed:
+            raise SandboxError("BubblewrapSandbox.start called after aclose()")
+        want = self.max_concurrency if workers is None else min(workers, self.max_concurrency)
+        while len(self._workers) < want:
+            self._launch()
+        for worker in list(self._launching):
             try:
-                raw = await _run_process(
-                    lambda marker_fd: self._argv(marker_fd, limits, userns),
-                    code=code,
-                    env={"PATH": "/usr/bin:/bin"},
-                    timeout_s=timeout,
-                    max_output_bytes=self.max_output_bytes,
-                    pass_fds=() if userns is None else (userns,),
-                )
-            finally:
-                if userns is not None:
-                    self._userns_pool.append(userns)
-        return _to_result(raw, what="bubblewrap sandbox")
+                await worker.wait_ready()
+            except SandboxError:
+                self._launching.remove(worker)
+                self._discard(worker)
+                raise
+            self._launching.remove(worker)
+            self._idle.append(worker)
+
+    def session(self, *, memory_mb: int | None = None) -> BubblewrapSession:
+        """A notebook-like session (see :class:`agentrl.sandbox.SandboxSession`); root only.
+
+        Raises:
+            SandboxUnavailable: not running as root (sessions need per-tree namespaces).
+            ConfigError: ``memory_mb`` is not positive.
+        """
+        if not self._privileged:
+            raise SandboxUnavailable(
+                "bubblewrap sessions need root (user, PID and mount namespaces per session "
+                "inside a worker); run the engine as root or use the 'docker' sandbox"
+            )
+        _, memory = _run_settings(None, memory_mb, self.timeout_s, self.memory_mb)
+        return BubblewrapSession(self, memory)
 
     async def aclose(self) -> None:
-        """Close the per-slot user namespaces (root only); ``run`` raises afterwards."""
+        """Stop every worker and session and close the namespaces; ``run`` raises afterwards."""
         self._closed = True
+        for sess in list(self._sessions):
+            await sess.aclose()
+        for worker in list(self._workers):
+            self._discard(worker)
+        self._idle.clear()
+        self._launching.clear()
         while self._userns_pool:
             os.close(self._userns_pool.pop())
 
@@ -179,12 +336,29 @@ class BubblewrapSandbox:
 
     def __repr__(self) -> str:
         return (
-            f"BubblewrapSandbox(python={self._python!r}, max_concurrency={self.max_concurrency}, "
+            f"BubblewrapSandbox(python={self._python!r}, warm={self.warm}, "
+            f"preload={self.preload!r}, max_concurrency={self.max_concurrency}, "
             f"timeout_s={self.timeout_s}, memory_mb={self.memory_mb}, "
             f"max_processes={self.max_processes}, privileged={self._privileged})"
         )
 
-    # -- internals ---------------------------------------------------------------------------
+    # -- per-execution mode ------------------------------------------------------------------
+
+    async def _run_cold(self, code: str, timeout: float, limits: _Limits) -> ExecResult:
+        userns = self._take_userns()
+        try:
+            raw = await _run_process(
+                lambda marker_fd: self._argv(marker_fd, limits, userns),
+                code=code,
+                env={"PATH": "/usr/bin:/bin"},
+                timeout_s=timeout,
+                max_output_bytes=self.max_output_bytes,
+                pass_fds=() if userns is None else (userns,),
+            )
+        finally:
+            if userns is not None:
+                self._userns_pool.append(userns)
+        return _to_result(raw, what="bubblewrap sandbox")
 
     def _take_userns(self) -> int | None:
         if not self._privileged:
@@ -207,8 +381,146 @@ class BubblewrapSandbox:
                 "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
             ]
             drop_to = SANDBOX_UID
-        python = _python_argv(self._python, marker_fd, limits, drop_to)
-        return [*head, *self._static_args, "--", *python]
+        python = _python_argv(
+            self._python, marker_fd, limits, drop_to, sys_path=self._site_inside
+        )
+        return [*head, *self._static_args, *self._site_args(), "--", *python]
+
+    # -- warm mode ---------------------------------------------------------------------------
+
+    async def _run_warm(self, code: str, timeout: float, limits: _Limits) -> ExecResult:
+        for attempt in range(2):
+            worker = self._ready_worker()
+            if worker is None:
+                # No warm worker is ready yet (one is starting in the background): run this
+                # execution in a container of its own rather than wait for the imports.
+                return await self._run_cold(code, timeout, limits)
+            try:
+                tree = await worker.take("exec")
+            except SandboxError:
+                self._discard(worker)  # it died since its last execution: replace it
+                if attempt:
+                    raise
+                continue
+            break
+        ok = False
+        try:
+            outcome = await run_on_tree(
+                tree, code, _header(limits, timeout), timeout_s=timeout,
+                max_output_bytes=self.max_output_bytes, session=False,
+            )
+            ok = outcome.error is None
+        finally:
+            tree.close()
+            self._release(worker, ok)
+        if outcome.error is not None:
+            raise SandboxError(f"bubblewrap sandbox (warm worker): {outcome.error}")
+        return _to_result(outcome.raw, what="bubblewrap sandbox (warm worker)")
+
+    def _ready_worker(self) -> _Worker | None:
+        """An idle, ready worker, or ``None`` (then one more is launched if there is room).
+
+        Raises:
+            SandboxError: the last worker launched failed to start (raised once; the next call
+                launches again).
+        """
+        for worker in list(self._launching):
+            try:
+                ready = worker.poll_ready()
+            except SandboxError as exc:
+                self._launching.remove(worker)
+                self._discard(worker)
+                self._failure = exc
+                continue
+            if ready:
+                self._launching.remove(worker)
+                self._idle.append(worker)
+        while self._idle:
+            worker = self._idle.pop()
+            if worker.alive():
+                return worker
+            self._discard(worker)
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+        if len(self._workers) < self.max_concurrency:
+            self._launch()
+        return None
+
+    async def _wait_worker(self) -> _Worker:
+        """An idle, ready worker, waiting for one to start if need be (sessions)."""
+        worker = self._ready_worker()
+        if worker is not None:
+            return worker
+        if not self._launching:
+            self._launch()
+        candidate = self._launching[0]
+        try:
+            await candidate.wait_ready()
+        except SandboxError:
+            if candidate in self._launching:
+                self._launching.remove(candidate)
+            self._discard(candidate)
+            raise
+        if candidate in self._launching:
+            self._launching.remove(candidate)
+        return candidate
+
+    def _launch(self, *, preload: bool = True) -> _Worker:
+        worker = _Worker(self, preload=preload)
+        self._workers.add(worker)
+        try:
+            worker.launch()
+        except BaseException:
+            self._discard(worker)
+            raise
+        if preload:
+            self._launching.append(worker)
+        return worker
+
+    def _release(self, worker: _Worker, ok: bool) -> None:
+        if ok and not self._closed and worker.alive():
+            self._idle.append(worker)
+        else:
+            self._discard(worker)
+
+    def _discard(self, worker: _Worker) -> None:
+        worker.kill()
+        self._workers.discard(worker)
+        if worker in self._idle:
+            self._idle.remove(worker)
+
+    def _server_argv(self, control_fd: int, userns: int, preload: bool) -> list[str]:
+        caps: list[str] = []
+        for cap in _SERVER_CAPS:
+            caps += ["--cap-add", cap]
+        head = [
+            self._bwrap, "--userns", str(userns),
+            "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+            "--unshare-cgroup-try", "--uid", "0", "--gid", "0", "--cap-drop", "ALL", *caps,
+        ]
+        config = {
+            "control_fd": control_fd,
+            "site": self._site_inside,
+            "preload": self.preload if preload else [],
+            "strict": self._strict_preload,
+            "warmup": self.warmup if preload else "",
+            "env": SANDBOX_ENV,
+            "uid": SANDBOX_UID,
+            "tmpfs_bytes": TMPFS_BYTES,
+        }
+        python = [self._python, "-I", "-S", "-c", GUEST_SOURCE, "server", json.dumps(config)]
+        return [*head, *self._static_args, *self._site_args(), "--", *python]
+
+    # -- shared ------------------------------------------------------------------------------
+
+    def _site_args(self) -> list[str]:
+        if not self.site_packages:
+            return []
+        args = ["--perms", "0755", "--dir", "/opt", "--perms", "0755", "--dir", SITE_MOUNT]
+        for host, inside in zip(self.site_packages, self._site_inside):
+            args += ["--ro-bind", host, inside]
+        return args
 
     def _build_static_args(self, bwrap: str, prefixes: Sequence[str]) -> list[str]:
         args = ["--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv"]
@@ -241,6 +553,308 @@ class BubblewrapSandbox:
         # World-writable (sticky) like a normal /tmp: under root, bwrap creates it as uid 0.
         args += ["--perms", "1777", "--tmpfs", "/tmp", "--chdir", "/tmp"]
         return args
+
+
+def _header(limits: _Limits, timeout: float, session_memory_bytes: int | None = None) -> dict[str, Any]:
+    return request_header(
+        code_len=0, timeout_s=timeout, memory_bytes=limits.memory_bytes, cpu_s=limits.cpu_s,
+        fsize=limits.fsize_bytes, nofile=limits.nofile, nproc=limits.nproc,
+        session_memory_bytes=session_memory_bytes,
+    )
+
+
+class _Worker:
+    """One warm ``bwrap`` container running the fork server (host side)."""
+
+    def __init__(self, sandbox: BubblewrapSandbox, *, preload: bool) -> None:
+        self.sandbox = sandbox
+        self.preload = preload
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ctl: socket.socket | None = None
+        self.stderr: Any = None
+        self.loaded: list[str] = []
+        self.dead = False
+        self.ready = False
+        self.launched_at = 0.0
+
+    def launch(self) -> None:
+        """Start the container (the server imports its modules on its own; see :meth:`poll_ready`).
+
+        Raises:
+            SandboxError: bwrap could not be started.
+        """
+        sb = self.sandbox
+        host_end, guest_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            userns = _new_userns()
+        except BaseException:
+            host_end.close()
+            guest_end.close()
+            raise
+        self.stderr = tempfile.TemporaryFile()
+        try:
+            argv = sb._server_argv(guest_end.fileno(), userns, self.preload)
+            try:
+                # From the event loop's thread: bwrap's --die-with-parent follows this thread.
+                self.proc = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.stderr,
+                    env={"PATH": "/usr/bin:/bin"}, pass_fds=(guest_end.fileno(), userns),
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                host_end.close()
+                raise SandboxError(f"bubblewrap sandbox: cannot start {argv[0]!r}: {exc}") from exc
+        finally:
+            guest_end.close()
+            os.close(userns)
+        host_end.setblocking(False)
+        self.ctl = host_end
+        self.launched_at = time.monotonic()
+
+    def poll_ready(self) -> bool:
+        """Whether the server has said it is ready (non-blocking).
+
+        Raises:
+            SandboxError: it failed to start, or did not within ``startup_timeout_s``.
+        """
+        if self.ready:
+            return True
+        if self.ctl is None or self.dead:
+            raise SandboxError("bubblewrap sandbox: a warm worker failed to start")
+        try:
+            data = self.ctl.recv(1 << 16)
+        except BlockingIOError:
+            if time.monotonic() - self.launched_at > self.sandbox.startup_timeout_s:
+                self._fail(
+                    f"a warm worker did not start within {self.sandbox.startup_timeout_s:g} s"
+                )
+            return False
+        except OSError:
+            data = b""
+        msg: dict[str, Any] | None = None
+        if data:
+            try:
+                msg = json.loads(data[4:])
+            except ValueError:
+                msg = None
+        if not isinstance(msg, dict) or msg.get("event") != "ready":
+            detail = msg.get("message") if isinstance(msg, dict) else None
+            self._fail(f"a warm worker failed to start: {detail or 'it exited'}")
+        assert msg is not None
+        self.loaded = list(msg.get("loaded", []))
+        self.ready = True
+        return True
+
+    async def wait_ready(self) -> None:
+        """Wait until :meth:`poll_ready` says ready (or raises)."""
+        while not self.poll_ready():
+            assert self.ctl is not None
+            with anyio.move_on_after(0.5):
+                await anyio.wait_readable(self.ctl)
+
+    def _fail(self, what: str) -> None:
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+        note = self._stderr_note()
+        self.kill()
+        raise SandboxError(f"bubblewrap sandbox: {what}{note}")
+
+    async def take(self, kind: str) -> Tree:
+        """A fresh tree (``"exec"``: forked ahead; ``"session"``: forked now) from the server.
+
+        Raises:
+            SandboxError: the worker is dead or answered nonsense.
+        """
+        if self.ctl is None or self.dead:
+            raise SandboxError("bubblewrap sandbox: the warm worker is gone")
+        try:
+            self.ctl.send(frame({"op": "take", "kind": kind}))
+        except OSError as exc:
+            raise SandboxError(f"bubblewrap sandbox: the warm worker is gone: {exc}") from exc
+        with anyio.move_on_after(30) as scope:
+            msg, fds = await self._recv()
+        if scope.cancelled_caught or msg is None or msg.get("event") != "tree" or len(fds) != 2:
+            for fd in fds if not scope.cancelled_caught and msg is not None else ():
+                os.close(fd)
+            raise SandboxError(
+                f"bubblewrap sandbox: the warm worker did not hand out a tree{self._stderr_note()}"
+            )
+        sock = socket.socket(fileno=fds[0])
+        return Tree(AsyncConn(sock), pidfd=fds[1])
+
+    async def _recv(self) -> tuple[dict[str, Any] | None, list[int]]:
+        assert self.ctl is not None
+        while True:
+            try:
+                data, fds, _flags, _addr = socket.recv_fds(self.ctl, 1 << 16, 4)
+            except BlockingIOError:
+                await anyio.wait_readable(self.ctl)
+                continue
+            except OSError:
+                return None, []
+            if not data:
+                return None, fds
+            try:
+                return json.loads(data[4:]), fds
+            except ValueError:
+                for fd in fds:
+                    os.close(fd)
+                return {"event": "garbage"}, []
+
+    def alive(self) -> bool:
+        return not self.dead and self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """Kill the container (and with it every tree it forked); idempotent."""
+        self.dead = True
+        if self.proc is not None and self.proc.returncode is None:
+            _kill_group(self.proc.pid)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                log.warning("bubblewrap sandbox: worker %d did not exit after SIGKILL", self.proc.pid)
+        if self.ctl is not None:
+            self.ctl.close()
+            self.ctl = None
+        if self.stderr is not None:
+            self.stderr.close()
+            self.stderr = None
+
+    def _stderr_note(self) -> str:
+        if self.stderr is None:
+            return ""
+        try:
+            self.stderr.seek(0)
+            text = self.stderr.read()[-4000:].decode("utf-8", "replace").strip()
+        except (OSError, ValueError):
+            return ""
+        return f": {text}" if text else ""
+
+
+class BubblewrapSession:
+    """A session of a :class:`BubblewrapSandbox` (see :class:`agentrl.sandbox.SandboxSession`).
+
+    Attributes:
+        restarts: how many times the interpreter was started afresh after losing its state.
+    """
+
+    def __init__(self, sandbox: BubblewrapSandbox, memory_mb: int) -> None:
+        self.sandbox = sandbox
+        self.memory_mb = memory_mb
+        self.restarts = 0
+        self._tree: Tree | None = None
+        self._own_worker: _Worker | None = None
+        self._started = False
+        self._closed = False
+
+    async def __aenter__(self) -> BubblewrapSession:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Start the session's interpreter (``async with`` does this)."""
+        if self._closed or self.sandbox._closed:
+            raise SandboxError("bubblewrap session: the session or its sandbox is closed")
+        if self._tree is None:
+            self._tree = await self._new_tree()
+        self._started = True
+        self.sandbox._sessions.add(self)
+
+    async def run(
+        self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None
+    ) -> ExecResult:
+        """Run one cell; see :meth:`agentrl.sandbox.SandboxSession.run`."""
+        if self._closed or self.sandbox._closed:
+            raise SandboxError("bubblewrap session: run called after aclose()")
+        sb = self.sandbox
+        timeout, memory = _run_settings(timeout_s, memory_mb, sb.timeout_s, self.memory_mb)
+        limits = _Limits.for_run(
+            timeout_s=timeout, memory_mb=min(memory, self.memory_mb), max_processes=sb.max_processes
+        )
+        if self._tree is None:
+            if self._started:
+                self.restarts += 1
+            await self.start()
+        tree = self._tree
+        assert tree is not None
+        async with sb._limiter.get():
+            outcome = await run_on_tree(
+                tree, code, _header(limits, timeout, self.memory_mb * 1024 * 1024),
+                timeout_s=timeout, max_output_bytes=sb.max_output_bytes, session=True,
+            )
+        if outcome.error is not None or outcome.state_lost:
+            tree.close()
+            self._tree = None
+        if outcome.error is not None:
+            raise SandboxError(f"bubblewrap session: {outcome.error}")
+        return _to_result(outcome.raw, what="bubblewrap session", state_lost=outcome.state_lost)
+
+    async def aclose(self) -> None:
+        """Kill the interpreter and everything it started."""
+        self._closed = True
+        self.sandbox._sessions.discard(self)
+        if self._tree is not None:
+            self._tree.close()
+            self._tree = None
+        if self._own_worker is not None:
+            self.sandbox._discard(self._own_worker)
+            self._own_worker = None
+
+    async def _new_tree(self) -> Tree:
+        sb = self.sandbox
+        if sb.warm:
+            async with sb._limiter.get():
+                for attempt in range(2):
+                    worker = await sb._wait_worker()
+                    try:
+                        tree = await worker.take("session")
+                    except SandboxError:
+                        sb._discard(worker)
+                        if attempt:
+                            raise
+                        continue
+                    sb._release(worker, True)
+                    return tree
+            raise AssertionError("unreachable")
+        # Per-execution mode: a dedicated worker without preloads serves this session only.
+        if self._own_worker is None or not self._own_worker.alive():
+            if self._own_worker is not None:
+                sb._discard(self._own_worker)
+            self._own_worker = sb._launch(preload=False)
+            try:
+                await self._own_worker.wait_ready()
+            except BaseException:
+                sb._discard(self._own_worker)
+                self._own_worker = None
+                raise
+        return await self._own_worker.take("session")
+
+
+def _default_site_packages() -> list[str]:
+    """The running interpreter's site-packages directories (its virtualenv's, if any)."""
+    paths: list[str] = []
+    candidates = [*site.getsitepackages(), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    for path in candidates:
+        real = os.path.realpath(path)
+        if os.path.isdir(real) and real not in paths:
+            paths.append(real)
+    return paths
+
+
+def _importable(module: str, site_packages: Sequence[str]) -> bool:
+    """Whether ``module`` is in the standard library or one of ``site_packages``."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        return False
+    origin = os.path.realpath(spec.origin)
+    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
+    return any(_is_within(origin, p) for p in [*site_packages, stdlib])
 
 
 def _is_within(path: str, root: str) -> bool:

@@ -1,0 +1,1086 @@
+"""Code that runs *inside* a sandbox: the warm fork server, the Docker runner, the session child.
+
+This file is never imported by the engine: its source text is handed to the sandboxed interpreter
+as ``python -I -S -c <source> <mode> <config-json>`` (standard library only, no site-packages
+needed, Python >= 3.9). Host-side counterparts live in :mod:`agentrl.sandbox._tree`
+(bubblewrap, unsafe-local) and :mod:`agentrl.sandbox.docker`.
+
+Modes (``sys.argv[1]``):
+
+``server`` (bubblewrap warm worker; runs as uid 0 of a user namespace of its own with
+    ``CAP_SETUID``, ``CAP_SETGID``, ``CAP_SYS_ADMIN``, ``CAP_NET_ADMIN`` over that namespace only)
+    Imports the configured modules, runs the warm-up code, freezes the heap (``gc.freeze``) and
+    answers requests on the control socket (fd from the config, ``SOCK_SEQPACKET``):
+    ``{"op": "take", "kind": "exec" | "session"}`` -> ``{"event": "tree", "pid": n}`` with two
+    descriptors attached: the host's end of a stream socket to the new *tree*, and a pidfd of the
+    tree's init. An ``exec`` tree is forked ahead of the request (the next one is forked right after
+    a tree is handed out), so a request never waits for a fork.
+
+    A *tree* is: ``I``, pid 1 of a fresh PID namespace, in fresh mount and IPC namespaces (and a
+    fresh network namespace, loopback only, for sessions) with a fresh size-capped tmpfs on
+    ``/tmp`` and ``/dev/shm`` and a ``/proc`` of its own; and ``U``, forked by ``I``, in a user
+    namespace of its own (so that ``RLIMIT_NPROC`` counts the tree's processes only) as uid/gid
+    65534 with no capabilities. ``U`` runs the code; when it exits, ``I`` SIGKILLs everything else
+    in the namespace, reports ``{"event": "exit", "status": <wait status>}`` and exits, which
+    makes the kernel reap the whole namespace. The host kills a tree at its deadline by sending
+    SIGKILL to ``I`` through the pidfd.
+
+``runner`` (Docker: started per execution or per session by ``docker exec`` as uid 0 with only
+    ``CAP_SETUID``, ``CAP_SETGID``, ``CAP_KILL``)
+    Reads framed requests on stdin, runs each in a child that drops to the sandbox uid, supervises
+    it (deadline, output caps), kills every other process of the container afterwards, wipes the
+    writable places (``/tmp``, ``/dev/shm``, ``/dev/mqueue``, System V IPC) and writes a framed
+    result on stdout.
+
+``session`` (unsafe-local sessions)
+    The ``U`` session loop alone, on a socket passed in the config, without namespaces.
+
+Wire format: tree channels are ``SOCK_SEQPACKET`` (one JSON object per message, the code in
+chunks); the Docker runner's stdio uses frames. A frame is a 4-byte big-endian length and that many bytes of JSON. A
+request is a frame ``{"code_len": n, ...limits}`` followed by ``n`` bytes of UTF-8 source; the
+descriptors for the code's stdout and stderr travel with the request (``SCM_RIGHTS``) where the
+channel is a Unix socket.
+"""
+
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+
+CODE_FILENAME = "main.py"
+_HDR = struct.Struct(">I")
+MAX_FRAME = 1 << 20
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+MS_REC, MS_PRIVATE = 0x4000, 0x40000
+
+
+# --------------------------------------------------------------------------------------------
+# channels
+# --------------------------------------------------------------------------------------------
+
+
+def frame(obj):
+    data = json.dumps(obj, separators=(",", ":")).encode()
+    return _HDR.pack(len(data)) + data
+
+
+#: Largest piece of code per message on a SOCK_SEQPACKET channel.
+CHUNK = 32 * 1024
+
+
+class Packets:
+    """A SOCK_SEQPACKET socket: one JSON object (or raw chunk) per message, fds attached."""
+
+    def __init__(self, sock):
+        self.sock = sock
+
+    def send(self, obj, fds=()):
+        data = json.dumps(obj, separators=(",", ":")).encode()
+        if fds:
+            socket.send_fds(self.sock, [data], list(fds))
+        else:
+            self.sock.send(data)
+
+    def recv_raw(self):
+        data, fds, _flags, _addr = socket.recv_fds(self.sock, CHUNK + 4096, 8)
+        if not data:
+            for fd in fds:
+                os.close(fd)
+            raise EOFError
+        return data, fds
+
+    def recv_request(self):
+        """One request: header (with the stdout/stderr fds attached), then the code in chunks."""
+        data, fds = self.recv_raw()
+        req = json.loads(data)
+        parts, size, want = [], 0, int(req["code_len"])
+        while size < want:
+            chunk, extra = self.recv_raw()
+            for fd in extra:
+                os.close(fd)
+            parts.append(chunk)
+            size += len(chunk)
+        return req, fds, b"".join(parts).decode("utf-8", "surrogatepass")
+
+    def send_request(self, req, code, fds):
+        self.send(dict(req, code_len=len(code)), fds=fds)
+        for i in range(0, len(code), CHUNK):
+            self.sock.sendall(code[i:i + CHUNK])
+
+    def park(self, fd=1000):
+        """Move the socket to a high, close-on-exec descriptor, out of the code's way."""
+        old = self.sock.fileno()
+        if old != fd:
+            os.dup2(old, fd)
+            self.sock.detach()
+            os.close(old)
+        os.set_inheritable(fd, False)
+        self.sock = socket.socket(fileno=fd)
+        return fd
+
+
+class Stream:
+    """Length-prefixed JSON frames (plus raw tails) over a pair of pipe fds (the Docker runner)."""
+
+    def __init__(self, rfd, wfd):
+        self.rfd = rfd
+        self.wfd = wfd
+        self.buf = bytearray()
+
+    def read(self, n):
+        while len(self.buf) < n:
+            data = os.read(self.rfd, 1 << 16)
+            if not data:
+                raise EOFError
+            self.buf += data
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    def recv(self):
+        (n,) = _HDR.unpack(self.read(4))
+        if n > MAX_FRAME:
+            raise ValueError("frame too large")
+        return json.loads(self.read(n))
+
+    def send(self, obj, tail=b""):
+        view = memoryview(frame(obj) + tail)
+        while view:
+            view = view[os.write(self.wfd, view):]
+
+
+# --------------------------------------------------------------------------------------------
+# running the code (shared by every mode)
+# --------------------------------------------------------------------------------------------
+
+
+def apply_limits(req, session_hard_as=None):
+    """Apply the request's rlimits to this process (inherited by everything it starts).
+
+    ``memory_bytes`` is on top of the address space this process already has (a warm interpreter
+    that has imported numpy and sympy starts at ~200 MB of address space).
+    """
+    import resource as R
+
+    mem = vm_size() + int(req["memory_bytes"])
+    hard_as = mem if session_hard_as is None else session_hard_as
+    cpu = int(sum(os.times()[:2])) + int(req["cpu_s"])
+    limits = [
+        (R.RLIMIT_CORE, 0, 0),
+        (R.RLIMIT_AS, min(mem, hard_as), hard_as),
+        (R.RLIMIT_FSIZE, int(req["fsize"]), int(req["fsize"])),
+        (R.RLIMIT_NOFILE, int(req["nofile"]), int(req["nofile"])),
+    ]
+    if session_hard_as is None:
+        limits.append((R.RLIMIT_CPU, cpu, cpu + 1))
+    else:  # in a session the soft limit moves with each cell; the wall clock is the real bound
+        limits.append((R.RLIMIT_CPU, cpu, R.RLIM_INFINITY))
+    if req.get("nproc"):
+        limits.append((R.RLIMIT_NPROC, int(req["nproc"]), int(req["nproc"])))
+    for res, soft, hard in limits:
+        _cur_soft, cur_hard = R.getrlimit(res)
+        if cur_hard != R.RLIM_INFINITY:
+            hard = cur_hard if hard == R.RLIM_INFINITY else min(hard, cur_hard)
+            soft = min(soft, hard) if soft != R.RLIM_INFINITY else hard
+        R.setrlimit(res, (soft, hard))
+
+
+def vm_size():
+    """This process's address-space size in bytes (VmSize)."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def reset_process(env):
+    """Make a forked interpreter look like a fresh one to the code (environment, signals, rng)."""
+    os.environ.clear()
+    os.environ.update(env)
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    np = sys.modules.get("numpy")
+    if np is not None:  # the legacy global RandomState is not reseeded on fork
+        try:
+            np.random.seed(int.from_bytes(os.urandom(4), "little"))
+        except Exception:
+            pass
+    import atexit
+
+    atexit._clear()
+
+
+def close_fds_above(n, keep=()):
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        names = [str(i) for i in range(n + 1, 1024)]
+    for name in names:
+        fd = int(name)
+        if fd > n and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def install_std_streams():
+    """Fresh ``sys.stdin/stdout/stderr`` on fds 0/1/2 (line-buffered, like ``python -u`` on a pipe)."""
+    import io
+
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+    sys.stdout = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False), encoding="utf-8", line_buffering=True
+    )
+    sys.stderr = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+        line_buffering=True,
+    )
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+
+
+def point_std_fds(out_fd, err_fd):
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    for fd in {null, out_fd, err_fd} - {0, 1, 2}:
+        os.close(fd)
+
+
+def silence_std_fds():
+    """Point fds 1 and 2 at /dev/null: the host sees end-of-file once nothing else holds them."""
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
+
+
+def _excepthook(t, v, tb):
+    # Hide the frames of this file (run as "<string>") from the code's tracebacks; print with the
+    # traceback module, which reads the code's source lines from linecache (not from disk).
+    import traceback
+
+    while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
+        tb = tb.tb_next
+    if isinstance(v, BaseException):
+        v.__traceback__ = tb
+    traceback.print_exception(t, v, tb, file=sys.stderr)
+
+
+def _exit_builtin(code=None):
+    raise SystemExit(code)
+
+
+def _exit_status(exc):
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        print(code, file=sys.stderr)
+    except Exception:
+        pass
+    return 1
+
+
+def new_main_module(filename):
+    import builtins
+    import types
+
+    mod = types.ModuleType("__main__")
+    mod.__file__ = filename
+    mod.__builtins__ = builtins
+    builtins.exit = builtins.quit = _exit_builtin
+    sys.modules["__main__"] = mod
+    sys.argv = [filename]
+    sys.excepthook = _excepthook
+    return mod
+
+
+def run_cell(text, namespace, filename):
+    """Compile and run ``text`` in ``namespace``; return the exit status the code asked for."""
+    import linecache
+
+    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+    try:
+        exec(compile(text, filename, "exec", dont_inherit=True), namespace)
+        status = 0
+    except SystemExit as exc:
+        status = _exit_status(exc)
+    except BaseException:
+        try:
+            sys.excepthook(*sys.exc_info())
+        except Exception:
+            pass
+        status = 1
+    return status
+
+
+def flush_std():
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+def finish_like_interpreter():
+    """What the interpreter does before it exits: join threads, run atexit handlers, flush."""
+    import atexit
+    import threading
+
+    try:
+        threading._shutdown()
+    except BaseException:
+        pass
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    flush_std()
+
+
+def run_one(chan, env, kill_strategy):
+    """``U`` of a one-shot tree: run one request and report its end (``started``, ``exit``).
+
+    The channel stays open while the code runs (on a high descriptor): the code could write to it,
+    but only ever about its own execution (the host ignores what it cannot parse, and trusts an
+    ``error`` only before ``started``).
+    """
+    reset_process(env)
+    fd = chan.park()
+    try:
+        req, fds, text = chan.recv_request()
+    except EOFError:
+        os._exit(0)
+    apply_limits(req)
+    point_std_fds(fds[0], fds[1])
+    close_fds_above(2, keep=(fd,))
+    install_std_streams()
+    chan.send({"event": "started"})
+    mod = new_main_module(CODE_FILENAME)
+    status = run_cell(text, mod.__dict__, CODE_FILENAME)
+    finish_like_interpreter()
+    silence_std_fds()
+    kill_leftovers(kill_strategy)
+    try:
+        chan.send({"event": "exit", "status": (status & 0xFF) << 8})
+    except OSError:
+        pass
+    os._exit(status)
+
+
+def kill_leftovers(strategy):
+    """Kill every process this one started (or could have), except itself; reap its children."""
+    if strategy == "all":
+        # Inside a PID namespace (or a container) of our own: everything we may signal.
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except OSError:
+            pass
+    elif strategy == "descendants":
+        me = os.getpid()
+        children = {}
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    with open("/proc/%s/stat" % name, "rb") as f:
+                        ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue
+                children.setdefault(ppid, []).append(int(name))
+        todo, seen = list(children.get(me, ())), set()
+        while todo:
+            pid = todo.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            todo.extend(children.get(pid, ()))
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+
+
+def session_loop(chan, env, kill_strategy):
+    """``U`` of a session tree: run cells in one persistent ``__main__`` namespace until EOF."""
+    reset_process(env)
+    fd = chan.park()
+    close_fds_above(2, keep=(fd,))
+    null = os.open(os.devnull, os.O_RDWR)
+    for i in (0, 1, 2):
+        os.dup2(null, i)
+    if null > 2:
+        os.close(null)
+    install_std_streams()
+    mod = new_main_module(CODE_FILENAME)
+    namespace = mod.__dict__
+    hard_as = None
+    n = 0
+    while True:
+        try:
+            req, fds, text = chan.recv_request()
+        except EOFError:
+            os._exit(0)
+        n += 1
+        if hard_as is None:
+            hard_as = vm_size() + int(req.get("session_memory_bytes") or req["memory_bytes"])
+        apply_limits(req, session_hard_as=hard_as)
+        flush_std()
+        point_std_fds(fds[0], fds[1])
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+        chan.send({"event": "started"})
+        status = run_cell(text, namespace, "cell%d.py" % n)
+        flush_std()
+        silence_std_fds()
+        kill_leftovers(kill_strategy)
+        chan.send({"event": "done", "exit_code": status})
+
+
+# --------------------------------------------------------------------------------------------
+# bubblewrap warm server
+# --------------------------------------------------------------------------------------------
+
+
+class Sys:
+    """The few system calls Python's os module lacks (ctypes)."""
+
+    def __init__(self):
+        import ctypes
+
+        self.ctypes = ctypes
+        self.libc = ctypes.CDLL(None, use_errno=True)
+
+    def _check(self, rc, what):
+        if rc != 0:
+            err = self.ctypes.get_errno()
+            raise OSError(err, "%s: %s" % (what, os.strerror(err)))
+
+    def unshare(self, flags):
+        self._check(self.libc.unshare(flags), "unshare(%#x)" % flags)
+
+    def setns(self, fd, nstype):
+        self._check(self.libc.setns(fd, nstype), "setns(%#x)" % nstype)
+
+    def mount(self, source, target, fstype, flags, data=None):
+        enc = lambda s: None if s is None else s.encode()  # noqa: E731
+        self._check(
+            self.libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)),
+            "mount %s" % target,
+        )
+
+
+def loopback_up():
+    import fcntl
+
+    SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        req = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, req))[1]
+        fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+
+
+def init_factory(sysc, chan, cfg):
+    """``F``: forked by the server before its imports (small, so cheap to fork), it creates the
+    ``I`` of each tree on request: pid 1 of a fresh PID namespace, with fresh mount and IPC (and,
+    for sessions, network) namespaces, a fresh tmpfs on /tmp and /dev/shm, a /proc of its own.
+    ``I`` then only reaps orphans until it is killed (which kills its whole namespace)."""
+    own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    while True:
+        try:
+            data, _ = chan.recv_raw()
+        except EOFError:
+            os._exit(0)
+        kind = json.loads(data)["kind"]
+        while True:  # reap the inits that died since
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        ready_r, ready_w = os.pipe()
+        sysc.setns(own_pidns, CLONE_NEWPID)
+        sysc.unshare(CLONE_NEWPID)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(ready_r)
+                chan.sock.close()
+                flags = CLONE_NEWNS | CLONE_NEWIPC | (CLONE_NEWNET if kind == "session" else 0)
+                sysc.unshare(flags)
+                sysc.mount(None, "/", None, MS_REC | MS_PRIVATE)
+                opts = "size=%d,mode=1777" % cfg["tmpfs_bytes"]
+                sysc.mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts)
+                if os.path.isdir("/dev/shm"):
+                    sysc.mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts)
+                sysc.mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+                if kind == "session":
+                    loopback_up()
+                os.write(ready_w, b"1")
+                os.close(ready_w)
+            except BaseException as exc:
+                os.write(ready_w, ("0%r" % (exc,)).encode()[:500])
+                os._exit(70)
+            while True:
+                try:
+                    os.wait()
+                except ChildProcessError:
+                    signal.pause()  # woken by SIGCHLD (an orphan arrived), then reap it
+                except InterruptedError:
+                    pass
+        os.close(ready_w)
+        answer = os.read(ready_r, 600)
+        os.close(ready_r)
+        if answer == b"1":
+            chan.send({"pid": pid})
+        else:
+            chan.send({"error": answer[1:].decode("utf-8", "replace") or "init died"})
+
+
+def server_main(cfg):
+    import gc
+    import selectors
+
+    ctl = socket.socket(fileno=int(cfg["control_fd"]))
+    sysc = Sys()
+    # F first, while this process is small.
+    f_srv, f_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    fpid = os.fork()
+    if fpid == 0:
+        try:
+            f_srv.close()
+            ctl.close()
+            init_factory(sysc, Packets(f_child), cfg)
+        finally:
+            os._exit(70)
+    f_child.close()
+    factory = Packets(f_srv)
+
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = "1"
+    sys.path.extend(cfg["site"])
+    sys.dont_write_bytecode = True
+    loaded, skipped = [], []
+    for name in cfg["preload"]:
+        try:
+            __import__(name)
+            loaded.append(name)
+        except Exception as exc:
+            if cfg["strict"]:
+                ctl.send(frame({"event": "error", "message": "cannot import %r: %r" % (name, exc)}))
+                os._exit(1)
+            skipped.append(name)
+    if cfg.get("warmup"):
+        try:
+            exec(compile(cfg["warmup"], "<warmup>", "exec"), {"__name__": "__warmup__"})
+        except Exception as exc:
+            ctl.send(frame({"event": "error", "message": "warm-up code failed: %r" % (exc,)}))
+            os._exit(1)
+    import resource  # noqa: F401  (used by every execution: import it once, here)
+
+    np = sys.modules.get("numpy")
+    if np is not None:  # touch the global RandomState once here, not in every fork
+        try:
+            np.random.seed(int.from_bytes(os.urandom(4), "little"))
+        except Exception:
+            pass
+
+    uid = int(cfg["uid"])
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    os.set_blocking(wake_r, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    gc.collect()
+    gc.freeze()
+    trees = {}  # U pid -> (server's end of the tree channel, pidfd of I)
+
+    def fork_tree(kind):
+        factory.send({"kind": kind})
+        answer = json.loads(factory.recv_raw()[0])
+        if "error" in answer:
+            raise OSError("cannot create the sandbox init: %s" % answer["error"])
+        ipid = answer["pid"]
+        ipidfd = os.pidfd_open(ipid)
+        names = ["pid", "mnt", "ipc"] + (["net"] if kind == "session" else [])
+        nsfds = {n: os.open("/proc/%d/ns/%s" % (ipid, n), os.O_RDONLY | os.O_CLOEXEC) for n in names}
+        host_end, tree_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        to_u_r, to_u_w = os.pipe()
+        from_u_r, from_u_w = os.pipe()
+        try:
+            sysc.setns(nsfds["pid"], CLONE_NEWPID)
+            upid = os.fork()
+        except BaseException:
+            for fd in (*nsfds.values(), to_u_r, to_u_w, from_u_r, from_u_w):
+                os.close(fd)
+            signal.pidfd_send_signal(ipidfd, signal.SIGKILL)
+            os.close(ipidfd)
+            raise
+        if upid != 0:
+            for fd in nsfds.values():
+                os.close(fd)
+        if upid == 0:
+            try:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for fd in (wake_r, wake_w, to_u_w, from_u_r, ipidfd):
+                    os.close(fd)
+                host_end.close()
+                ctl.close()
+                factory.sock.close()
+                for other_end, other_pidfd in trees.values():
+                    other_end.close()
+                    os.close(other_pidfd)
+                sysc.setns(nsfds["mnt"], CLONE_NEWNS)
+                sysc.setns(nsfds["ipc"], CLONE_NEWIPC)
+                if "net" in nsfds:
+                    sysc.setns(nsfds["net"], CLONE_NEWNET)
+                for fd in nsfds.values():
+                    os.close(fd)
+                os.chdir("/tmp")
+                sysc.unshare(CLONE_NEWUSER)
+                os.write(from_u_w, b"u")
+                if os.read(to_u_r, 1) != b"m":
+                    os._exit(71)
+                os.close(to_u_r)
+                os.close(from_u_w)
+                _drop_privileges(uid)
+                if (os.getuid(), os.geteuid(), os.getgid(), os.getegid()) != (uid,) * 4:
+                    raise OSError("could not drop privileges")
+                chan = Packets(tree_end)
+                if kind == "exec":
+                    run_one(chan, cfg["env"], "all")
+                else:
+                    session_loop(chan, cfg["env"], "all")
+            except BaseException as exc:
+                try:
+                    Packets(tree_end).send({"event": "error", "message": "sandbox setup: %r" % (exc,)})
+                except BaseException:
+                    pass
+            os._exit(70)
+        os.close(to_u_r)
+        os.close(from_u_w)
+        try:
+            if os.read(from_u_r, 1) != b"u":
+                detail = ""
+                tree_end.settimeout(1.0)
+                try:
+                    detail = tree_end.recv(4096).decode("utf-8", "replace")
+                except OSError:
+                    pass
+                raise OSError("the sandbox child failed to set itself up: %s" % (detail,))
+            mapping = "0 0 1\n%d %d 1\n" % (uid, uid)
+            for name in ("uid_map", "gid_map"):
+                with open("/proc/%d/%s" % (upid, name), "w") as f:
+                    f.write(mapping)
+            os.write(to_u_w, b"m")
+        except OSError:
+            signal.pidfd_send_signal(ipidfd, signal.SIGKILL)
+            raise
+        finally:
+            os.close(to_u_w)
+            os.close(from_u_r)
+        trees[upid] = (tree_end, ipidfd)
+        return upid, host_end, ipidfd
+
+    def reap():
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == fpid:
+                os._exit(3)  # the init factory died: this worker is broken
+            entry = trees.pop(pid, None)
+            if entry is not None:  # U is gone: say how, and end its namespace
+                tree_end, ipidfd = entry
+                try:
+                    Packets(tree_end).send({"event": "exit", "status": status})
+                except OSError:
+                    pass
+                tree_end.close()
+                try:
+                    signal.pidfd_send_signal(ipidfd, signal.SIGKILL)
+                except OSError:
+                    pass
+                os.close(ipidfd)
+
+    ready = fork_tree("exec")
+    ctl.send(frame({"event": "ready", "loaded": loaded, "skipped": skipped}))
+    sel = selectors.DefaultSelector()
+    sel.register(ctl, selectors.EVENT_READ)
+    sel.register(wake_r, selectors.EVENT_READ)
+    while True:
+        for key, _ in sel.select():
+            if key.fileobj is ctl:
+                data = ctl.recv(1 << 16)
+                if not data:
+                    os._exit(0)
+                msg = json.loads(data[4:])
+                if msg.get("op") == "take":
+                    kind = msg.get("kind", "exec")
+                    if kind == "exec":
+                        tree, ready = ready, None
+                    else:
+                        tree = fork_tree(kind)
+                    pid, host_end, pidfd = tree
+                    socket.send_fds(
+                        ctl, [frame({"event": "tree", "pid": pid})], [host_end.fileno(), pidfd]
+                    )
+                    host_end.close()
+                    if ready is None:
+                        ready = fork_tree("exec")
+                elif msg.get("op") == "ping":
+                    ctl.send(frame({"event": "pong"}))
+            else:
+                try:
+                    while os.read(wake_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+            reap()
+
+
+# --------------------------------------------------------------------------------------------
+# Docker runner
+# --------------------------------------------------------------------------------------------
+
+
+class Capture:
+    def __init__(self, limit):
+        self.limit = limit
+        self.data = bytearray()
+        self.tail = bytearray()
+        self.truncated = False
+
+    def feed(self, chunk):
+        room = self.limit - len(self.data)
+        if room > 0:
+            self.data += chunk[:room]
+        if len(chunk) > room:
+            self.truncated = True
+        self.tail += chunk
+        if len(self.tail) > 4096:
+            del self.tail[: len(self.tail) - 4096]
+
+
+def _drop_privileges(uid):
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+
+
+def wipe_writable(uid, paths):
+    """As the sandbox uid: empty ``paths`` and remove System V IPC objects (a forked helper)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _drop_privileges(uid)
+            import shutil
+
+            def onerror(func, path, _exc):
+                try:
+                    os.chmod(os.path.dirname(path) or "/", 0o700)
+                    os.chmod(path, 0o700)
+                    func(path)
+                except OSError:
+                    pass
+
+            for base in paths:
+                try:
+                    names = os.listdir(base)
+                except OSError:
+                    continue
+                for name in names:
+                    path = os.path.join(base, name)
+                    if os.path.isdir(path) and not os.path.islink(path):
+                        try:
+                            os.chmod(path, 0o700)
+                        except OSError:
+                            pass
+                        shutil.rmtree(path, onerror=onerror)
+                    else:
+                        try:
+                            os.unlink(path)
+                        except OSError:
+                            pass
+            _remove_sysv_ipc()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def _remove_sysv_ipc():
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    IPC_RMID = 0
+    for kind, idcol, call in (("shm", 1, "shmctl"), ("sem", 1, "semctl"), ("msg", 1, "msgctl")):
+        try:
+            with open("/proc/sysvipc/" + kind) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            try:
+                ident = int(row.split()[idcol])
+            except (IndexError, ValueError):
+                continue
+            if kind == "sem":
+                libc.semctl(ident, 0, IPC_RMID)
+            else:
+                getattr(libc, call)(ident, IPC_RMID, None)
+
+
+def _other_processes():
+    me = os.getpid()
+    return [int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) not in (1, me)]
+
+
+def kill_everything_else(deadline_s=5.0):
+    """Root in the container (CAP_KILL): kill every process but init and ourselves; wait."""
+    import time
+
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except OSError:
+            pass
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+        left = [p for p in _other_processes() if not _is_zombie(p)]
+        if not left or time.monotonic() > end:
+            return left
+        time.sleep(0.002)
+
+
+def _is_zombie(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
+
+
+class Runner:
+    """Docker runner: one process per ``docker exec``; see the module docstring."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.uid = int(cfg["uid"])
+        self.host = Stream(0, 1)
+        self.session = None  # (pid, Packets) of a session's U
+
+    def serve(self):
+        import time
+
+        while True:
+            try:
+                req = self.host.recv()
+            except EOFError:
+                break
+            code = self.host.read(int(req.get("code_len", 0)))
+            t0 = time.monotonic()
+            if req["op"] == "exec":
+                result, out, err = self.exec_one(req, code)
+                self.cleanup()
+            elif req["op"] == "cell":
+                result, out, err = self.cell(req, code)
+            else:
+                raise ValueError("unknown op %r" % (req["op"],))
+            result["wall_s"] = time.monotonic() - t0
+            result["event"] = "result"
+            result["out_len"], result["err_len"] = len(out.data), len(err.data)
+            result["out_truncated"], result["err_truncated"] = out.truncated, err.truncated
+            result["memory_error"] = b"\nMemoryError" in b"\n" + bytes(err.tail)
+            self.host.send(result, tail=bytes(out.data) + bytes(err.data))
+        self.cleanup()
+
+    def cleanup(self):
+        left = kill_everything_else()
+        wipe_writable(self.uid, self.cfg["wipe"])
+        if left:
+            sys.stderr.write("agentrl runner: processes left: %r\n" % (left,))
+
+    def _start_child(self, session):
+        sock_r, sock_c = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                sock_r.close()
+                os.setsid()
+                _drop_privileges(self.uid)
+                os.chdir("/tmp")
+                chan = Packets(sock_c)
+                if session:
+                    session_loop(chan, self.cfg["env"], "all")
+                else:
+                    run_one(chan, self.cfg["env"], "all")
+            except BaseException as exc:
+                try:
+                    Packets(sock_c).send({"event": "error", "message": repr(exc)})
+                except BaseException:
+                    pass
+            os._exit(70)
+        sock_c.close()
+        return pid, Packets(sock_r)
+
+    def exec_one(self, req, code):
+        pid, chan = self._start_child(session=False)
+        return self._supervise(pid, chan, req, code, session=False)
+
+    def cell(self, req, code):
+        if self.session is None:
+            self.session = self._start_child(session=True)
+        pid, chan = self.session
+        result, out, err = self._supervise(pid, chan, req, code, session=True)
+        result["state_lost"] = result.pop("child_gone")
+        if result["state_lost"]:
+            self.session = None
+            kill_everything_else()
+            chan.sock.close()
+        return result, out, err
+
+    def _supervise(self, pid, chan, req, code, session):
+        import selectors
+        import time
+
+        out, err = Capture(int(req["max_output"])), Capture(int(req["max_output"]))
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        result = {"started": False, "timed_out": False, "status": None, "exit_code": None,
+                  "error": None, "child_gone": False}
+        try:
+            chan.send_request(req, code, [out_w, err_w])
+        except OSError as exc:
+            result["error"] = "cannot reach the sandbox child: %r" % (exc,)
+        os.close(out_w)
+        os.close(err_w)
+        pidfd = os.pidfd_open(pid)
+        sel = selectors.DefaultSelector()
+        sel.register(out_r, selectors.EVENT_READ, out)
+        sel.register(err_r, selectors.EVENT_READ, err)
+        sel.register(chan.sock, selectors.EVENT_READ, "chan")
+        sel.register(pidfd, selectors.EVENT_READ, "exit")
+        deadline = time.monotonic() + float(req["timeout_s"])
+        finished = result["error"] is not None
+        drain_until = None
+        while True:
+            if not finished and time.monotonic() >= deadline:
+                result["timed_out"] = True
+                finished = True
+                kill_everything_else()
+            if finished and drain_until is None:
+                drain_until = time.monotonic() + 0.5
+            streams = [k for k in sel.get_map().values() if isinstance(k.data, Capture)]
+            if finished and (not streams or time.monotonic() >= drain_until):
+                break
+            limit = (drain_until if finished else deadline) - time.monotonic()
+            for key, _ in sel.select(max(0.0, limit)):
+                if isinstance(key.data, Capture):
+                    chunk = os.read(key.fd, 1 << 16)
+                    if chunk:
+                        key.data.feed(chunk)
+                    else:
+                        sel.unregister(key.fd)
+                        os.close(key.fd)
+                elif key.data == "chan":
+                    try:
+                        data, fds = chan.recv_raw()
+                    except (EOFError, OSError):
+                        sel.unregister(chan.sock)
+                        continue
+                    for fd in fds:
+                        os.close(fd)
+                    try:
+                        msg = json.loads(data)
+                        event = msg.get("event")
+                    except (ValueError, AttributeError):
+                        continue  # written by the code: ignore
+                    if event == "started":
+                        result["started"] = True
+                    elif event == "done" and session and result["started"]:
+                        result["exit_code"] = int(msg.get("exit_code", 1)) & 0xFF
+                        finished = True
+                    elif event == "error" and not result["started"]:
+                        result["error"] = str(msg.get("message"))[:2000]
+                        finished = True
+                        kill_everything_else()
+                elif key.data == "exit":
+                    sel.unregister(pidfd)
+                    _, status = os.waitpid(pid, 0)
+                    result["status"] = status
+                    result["child_gone"] = True
+                    kill_everything_else()
+                    finished = True
+        for key in list(sel.get_map().values()):
+            if isinstance(key.data, Capture):
+                os.close(key.fd)
+        sel.close()
+        os.close(pidfd)
+        if result["status"] is None and (result["timed_out"] or result["error"] or not session):
+            kill_everything_else()
+            try:
+                _, status = os.waitpid(pid, 0)
+                result["status"] = status
+            except ChildProcessError:
+                pass
+            result["child_gone"] = True
+        if not session:
+            chan.sock.close()
+        return result, out, err
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def main():
+    mode = sys.argv[1]
+    cfg = json.loads(sys.argv[2])
+    if mode == "server":
+        server_main(cfg)
+    elif mode == "runner":
+        Runner(cfg).serve()
+    elif mode == "session":
+        os.chdir(cfg["cwd"])
+        session_loop(Packets(socket.socket(fileno=int(cfg["fd"]))), cfg["env"], "descendants")
+    else:
+        raise SystemExit("unknown mode %r" % (mode,))
+
+
+if __name__ == "__main__":
+    main()

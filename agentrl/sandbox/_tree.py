@@ -1,0 +1,307 @@
+"""Host side of the guest protocol (:mod:`agentrl.sandbox._guest`): talking to execution trees.
+
+A *tree* is a process (tree) ready to run code: the pre-forked ``I``/``U`` pair of a warm
+bubblewrap worker, a session's persistent interpreter, or an unsafe-local session process. The host
+sends it one request (header frame, the write ends of two fresh pipes for stdout and stderr, the
+code), reads both pipes itself with a cap, reads the tree's events (``started``, then ``exit`` for
+a one-shot tree, ``done`` or ``exit`` for a session cell), and at the deadline kills the tree's
+whole PID namespace (pidfd of ``I``) or process group (unsafe-local). Everything here is
+event-loop agnostic (anyio on raw descriptors), like :func:`agentrl.sandbox.base._run_process`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from agentrl.errors import SandboxError
+from agentrl.sandbox.base import _DRAIN_GRACE_S, _Capture, _drain, _exited, _kill_group, _Raw
+
+_HDR = struct.Struct(">I")
+#: Largest event frame accepted from a tree (they are tiny; anything bigger is garbage).
+_MAX_EVENT = 1 << 16
+#: How long to wait for a killed tree to disappear before declaring the worker broken.
+_KILL_WAIT_S = 10.0
+
+#: The guest program's source text (run inside sandboxes with ``python -I -S -c``).
+GUEST_SOURCE = open(os.path.join(os.path.dirname(__file__), "_guest.py"), encoding="utf-8").read()
+
+
+def frame(obj: Any) -> bytes:  # the worker control channel and the Docker runner use frames
+    """One frame: 4-byte big-endian length, then JSON."""
+    data = json.dumps(obj, separators=(",", ":")).encode()
+    return _HDR.pack(len(data)) + data
+
+
+#: Largest piece of code per message on a tree channel (SOCK_SEQPACKET).
+_CHUNK = 32 * 1024
+
+
+class AsyncConn:
+    """A ``SOCK_SEQPACKET`` tree channel: one JSON object per message (any event loop).
+
+    Messages the host cannot parse are skipped: once the code runs it can write to its own
+    channel, and all it can do with that is misreport its own execution.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.eof = False
+
+    async def _send(self, data: bytes, fds: tuple[int, ...] = ()) -> None:
+        while True:
+            try:
+                if fds:
+                    socket.send_fds(self.sock, [data], list(fds))
+                else:
+                    self.sock.send(data)
+                return
+            except BlockingIOError:
+                await anyio.wait_writable(self.sock)
+
+    async def send_request(self, header: dict[str, Any], code: bytes, fds: tuple[int, ...]) -> None:
+        """The request header (``fds`` attached), then the code in chunks."""
+        head = json.dumps({**header, "code_len": len(code)}, separators=(",", ":")).encode()
+        await self._send(head, fds)
+        for i in range(0, len(code), _CHUNK):
+            await self._send(code[i : i + _CHUNK])
+
+    async def recv(self) -> dict[str, Any] | None:
+        """The next parsable message, or ``None`` at end of stream."""
+        while not self.eof:
+            try:
+                data, fds, _flags, _addr = socket.recv_fds(self.sock, _MAX_EVENT, 4)
+            except BlockingIOError:
+                await anyio.wait_readable(self.sock)
+                continue
+            except OSError:
+                data, fds = b"", []
+            for fd in fds:  # nothing legitimate sends descriptors this way
+                os.close(fd)
+            if not data:
+                self.eof = True
+                break
+            try:
+                msg = json.loads(data)
+            except ValueError:
+                continue
+            if isinstance(msg, dict):
+                return msg
+        return None
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class Tree:
+    """A process tree ready to run code, and how to kill it.
+
+    Args:
+        conn: the channel to the tree's ``U`` (and ``I``).
+        pidfd: a pidfd of the tree's init ``I`` (bubblewrap): SIGKILL to it kills the whole PID
+            namespace. ``None`` for a local session process.
+        proc: the local session process (unsafe-local); its group is killed instead, and its exit
+            status read from it.
+    """
+
+    def __init__(
+        self, conn: AsyncConn, *, pidfd: int | None = None, proc: subprocess.Popen[bytes] | None = None
+    ) -> None:
+        self.conn = conn
+        self.pidfd = pidfd
+        self.proc = proc
+        self.closed = False
+
+    def kill(self) -> None:
+        """SIGKILL the whole tree (idempotent, never blocks)."""
+        if self.pidfd is not None:
+            try:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            except (ProcessLookupError, OSError):
+                pass
+        if self.proc is not None and self.proc.returncode is None:
+            _kill_group(self.proc.pid)
+
+    async def wait_dead(self) -> None:
+        """Wait until the tree's init (or local process) has exited (its namespace is gone)."""
+        if self.pidfd is not None:
+            await anyio.wait_readable(self.pidfd)
+        if self.proc is not None:
+            while not _exited(self.proc.pid):
+                await anyio.sleep(0.005)
+            self.proc.wait()
+
+    def local_status(self) -> int | None:
+        """The local process's wait-style return code once it has exited (Popen convention)."""
+        if self.proc is None:
+            return None
+        return self.proc.poll()
+
+    def close(self) -> None:
+        """Kill the tree and release its descriptors (the kernel reaps the namespace)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.kill()
+        self.conn.close()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=_KILL_WAIT_S)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What running one request on a tree gave.
+
+    Attributes:
+        raw: the observed run, for :func:`agentrl.sandbox.base._to_result`.
+        state_lost: the tree is gone (its ``U`` exited or was killed): a session must start over.
+        error: set when the infrastructure failed (the tree reported a setup error, or vanished
+            without reporting an exit it did not owe us): the caller raises SandboxError.
+    """
+
+    raw: _Raw
+    state_lost: bool
+    error: str | None = None
+
+
+def request_header(
+    *, code_len: int, timeout_s: float, memory_bytes: int, cpu_s: int, fsize: int, nofile: int,
+    nproc: int, session_memory_bytes: int | None = None,
+) -> dict[str, Any]:
+    """The request frame the guest expects (see :func:`agentrl.sandbox._guest.apply_limits`)."""
+    return {
+        "code_len": code_len,
+        "timeout_s": timeout_s,
+        "memory_bytes": memory_bytes,
+        "cpu_s": cpu_s,
+        "fsize": fsize,
+        "nofile": nofile,
+        "nproc": nproc,
+        "session_memory_bytes": session_memory_bytes,
+    }
+
+
+async def run_on_tree(
+    tree: Tree,
+    code: str,
+    header: dict[str, Any],
+    *,
+    timeout_s: float,
+    max_output_bytes: int,
+    session: bool,
+) -> Outcome:
+    """Send one request to ``tree`` and supervise it until it ends or its deadline passes.
+
+    A one-shot tree ends with ``exit`` (sent by ``I`` once ``U`` is gone and everything else in
+    the namespace has been killed). A session cell ends with ``done`` (the interpreter lives on)
+    or ``exit`` (it died: the state is lost). At the deadline the whole tree is SIGKILLed (a
+    session loses its state). If the caller is cancelled, the tree is killed too.
+    """
+    data = code.encode("utf-8", "surrogatepass")
+    header = {**header, "code_len": len(data)}
+    out, err = _Capture(max_output_bytes), _Capture(max_output_bytes)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    for fd in (out_r, err_r):
+        os.set_blocking(fd, False)
+    state: dict[str, Any] = {"started": False, "status": None, "done": None, "error": None}
+    ended = False
+    started_at = time.monotonic()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_drain, out_r, out)
+            tg.start_soon(_drain, err_r, err)
+            with anyio.move_on_after(timeout_s) as scope:
+                try:
+                    await tree.conn.send_request(header, data, (out_w, err_w))
+                except OSError as exc:
+                    state["error"] = f"cannot send the code to the sandbox: {exc}"
+                finally:
+                    os.close(out_w)
+                    os.close(err_w)
+                    out_w = err_w = -1
+                if state["error"] is None:
+                    await _read_events(tree, state, session)
+            timed_out = scope.cancelled_caught
+            wall_s = time.monotonic() - started_at
+            ended = True
+            if state["done"] is None:
+                # The tree is finished or must go: SIGKILL its init (the whole PID namespace).
+                # After a normal exit nothing can run any more (every process left has a pending
+                # SIGKILL), so only an abnormal end waits for the namespace to be gone.
+                tree.kill()
+                if timed_out or state["status"] is None:
+                    with anyio.move_on_after(_KILL_WAIT_S, shield=True) as kill_scope:
+                        await tree.wait_dead()
+                    if kill_scope.cancelled_caught:
+                        state["error"] = state["error"] or "a killed sandbox tree did not exit"
+                    elif state["status"] is None and not timed_out and not tree.conn.eof:
+                        with anyio.move_on_after(1.0, shield=True):  # the server's exit report
+                            await _read_events(tree, state, session)
+            tg.cancel_scope.deadline = anyio.current_time() + _DRAIN_GRACE_S
+    finally:
+        if not ended:  # cancelled from outside: nothing of the tree may survive the caller
+            tree.kill()
+        for fd in (out_w, err_w, out_r, err_r):
+            if fd >= 0:
+                os.close(fd)
+    local = tree.local_status()
+    if state["done"] is not None:
+        returncode = int(state["done"])
+    elif state["status"] is not None:
+        returncode = os.waitstatus_to_exitcode(int(state["status"]))
+    elif local is not None and not timed_out:
+        returncode = local
+    else:
+        returncode = -signal.SIGKILL
+    error = state["error"]
+    if error is None and not timed_out and state["done"] is None and state["status"] is None:
+        if local is None:
+            error = "the sandbox worker died during the execution (no exit status was reported)"
+    raw = _Raw(out, err, returncode, timed_out, bool(state["started"]), wall_s)
+    return Outcome(raw=raw, state_lost=state["done"] is None, error=error)
+
+
+async def _read_events(tree: Tree, state: dict[str, Any], session: bool) -> None:
+    """Read events until the request has ended (``done``/``exit``), an error, or end of stream."""
+    while True:
+        msg = await tree.conn.recv()
+        if msg is None:
+            return
+        event = msg.get("event")
+        if event == "started":
+            state["started"] = True
+        elif event == "exit":
+            try:
+                state["status"] = int(msg.get("status", 0))
+            except (TypeError, ValueError):
+                continue
+            return
+        elif event == "done" and session and state["started"]:
+            try:
+                state["done"] = int(msg.get("exit_code", 1)) & 0xFF
+            except (TypeError, ValueError):
+                continue
+            return
+        elif event == "error" and not state["started"]:  # before the code ran: trusted
+            state["error"] = str(msg.get("message", "unknown error"))[:2000]
+            return
