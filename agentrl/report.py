@@ -59,7 +59,7 @@ def write_report(run_dir: str | Path) -> Path:
     ax.plot(t2, y2, marker="x", linestyle="--", label="tool-call rate")
     for r in evals:
         ax.annotate(f"v{r['version']}", (r["time"], r["accuracy"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    ax.set_title("held-out evaluation (greedy)")
+    ax.set_title("held-out evaluation")
     ax.set_xlabel("time (s)")
     ax.set_ylim(-0.02, 1.02)
     ax.legend(loc="lower right", fontsize=8)

@@ -96,14 +96,26 @@ class StalenessQueue:
         return len(self) >= self.batch_size
 
     def take_batch(self) -> list[list[Trajectory]]:
-        """Remove and return ``batch_size`` samples as whole groups (call ``ready()`` first)."""
+        """Remove and return ``batch_size`` samples as whole groups (call ``ready()`` first).
+
+        The stalest groups go first (oldest token version, then arrival order): a slow episode
+        that finished late is trained before it ages past the bound, instead of being dropped.
+        """
         self._prune()
+
+        def age(item: tuple[int, list[Trajectory]]) -> tuple[int, int]:
+            i, group = item
+            oldest = [t.oldest_version for t in group if t.oldest_version is not None]
+            return (min(oldest) if oldest else self.learner_version, i)
+
+        order = [g for _, g in sorted(enumerate(self._groups), key=age)]
         batch: list[list[Trajectory]] = []
         n = 0
-        while self._groups and n < self.batch_size:
-            group = self._groups.popleft()
+        while order and n < self.batch_size:
+            group = order.pop(0)
             batch.append(group)
             n += len(group)
+        self._groups = deque(order)
         self.stats.trained += n
         return batch
 

@@ -56,3 +56,13 @@ def test_mark_lost_returns_admission():
     assert not q.can_start()
     q.mark_lost(2)
     assert q.can_start()
+
+
+def test_stalest_groups_are_trained_first():
+    q = StalenessQueue(batch_size=2, group_size=2, max_staleness=1)
+    q.put([traj(1, "new", 0), traj(1, "new", 1)])
+    q.put([traj(0, "slow", 0), traj(0, "slow", 1)])  # finished later, generated earlier
+    q.advance(1)
+    batch = q.take_batch()
+    assert [t.group_id for g in batch for t in g] == ["slow", "slow"]
+    assert len(q) == 2
