@@ -1,8 +1,13 @@
-"""Environments: the :class:`TextEnv` base class, parsers, built-in envs and :func:`make_env`.
+"""Environments: the :class:`TextEnv` and :class:`ToolEnv` base classes, tools, tool-call
+parsers, rewards, built-in environments and :func:`make_env`.
 
 Importing this package registers the built-in environments with Gymnasium (once):
 
-- ``agentrl/Calc-v0`` -> :class:`agentrl.envs.calc.CalcEnv`
+- ``agentrl/Calc-v0`` -> :class:`agentrl.envs.calc.CalcEnv` (``a*b+c`` with a Python interpreter)
+- ``agentrl/MathTool-v0`` -> :class:`agentrl.envs.math_envs.MathToolEnv` (ReTool-style math)
+- ``agentrl/Math-v0`` -> :class:`agentrl.envs.math_envs.MathEnv` (math without tools)
+
+A new environment: see ``docs/environments.md``.
 """
 
 from __future__ import annotations
@@ -14,26 +19,65 @@ import gymnasium
 
 from agentrl.envs.base import AnyText, ChatMessages, Message, Status, StepResult, TextEnv
 from agentrl.envs.calc import SYSTEM_PROMPT, CalcEnv, generate_problems, sample_texts
-from agentrl.envs.parsers import extract_boxed, parse_code
-from agentrl.errors import AgentRLError, EnvError
+from agentrl.envs.math_envs import MathEnv, MathToolEnv
+from agentrl.envs.parsers import (
+    HermesParser,
+    ReToolParser,
+    ToolCall,
+    ToolCallParser,
+    ToolOutput,
+    extract_boxed,
+    get_parser,
+    parse_code,
+)
+from agentrl.envs.rewards import MathReward, MathVerifier, VerifierPool, shared_verifier_pool
+from agentrl.envs.tool_env import MalformedPolicy, ToolEnv
+from agentrl.envs.tools import FunctionTool, PythonSession, PythonTool, Tool, ToolContext, as_tool, function_tool
+from agentrl.errors import AgentRLError, ConfigError, EnvError
 
 __all__ = [
     "TextEnv",
+    "ToolEnv",
     "Message",
     "Status",
     "StepResult",
     "ChatMessages",
     "AnyText",
+    "MalformedPolicy",
+    "Tool",
+    "ToolContext",
+    "FunctionTool",
+    "PythonTool",
+    "PythonSession",
+    "function_tool",
+    "as_tool",
+    "ToolCall",
+    "ToolOutput",
+    "ToolCallParser",
+    "ReToolParser",
+    "HermesParser",
+    "get_parser",
+    "MathVerifier",
+    "MathReward",
+    "VerifierPool",
+    "shared_verifier_pool",
     "CalcEnv",
+    "MathToolEnv",
+    "MathEnv",
     "SYSTEM_PROMPT",
     "generate_problems",
     "sample_texts",
     "parse_code",
     "extract_boxed",
     "make_env",
+    "BUILTIN_ENVS",
 ]
 
-BUILTIN_ENVS: dict[str, str] = {"agentrl/Calc-v0": "agentrl.envs.calc:CalcEnv"}
+BUILTIN_ENVS: dict[str, str] = {
+    "agentrl/Calc-v0": "agentrl.envs.calc:CalcEnv",
+    "agentrl/MathTool-v0": "agentrl.envs.math_envs:MathToolEnv",
+    "agentrl/Math-v0": "agentrl.envs.math_envs:MathEnv",
+}
 """Environment ids registered on import, and their entry points."""
 
 for _env_id, _entry_point in BUILTIN_ENVS.items():
@@ -53,7 +97,8 @@ def make_env(env_id: str, **kwargs: Any) -> gymnasium.Env:
     Raises:
         EnvError: the id is unknown, the module cannot be imported, the name is neither an Env
             class nor a registered id, or the constructor failed (the message names ``env_id``).
-            agentrl errors raised by the constructor (e.g. a DataError) pass through unchanged.
+            A ConfigError from the constructor (an argument out of range) becomes such an
+            EnvError; other agentrl errors it raises (e.g. a DataError) pass through unchanged.
     """
     try:
         if env_id in gymnasium.registry:
@@ -75,6 +120,8 @@ def make_env(env_id: str, **kwargs: Any) -> gymnasium.Env:
             f"environment {env_id!r}: {module_name!r} has no gymnasium.Env subclass named {name!r} "
             f"and {name!r} is not a registered environment id"
         )
+    except ConfigError as exc:  # an env kwarg out of range: the constructor failed
+        raise EnvError(f"environment {env_id!r} cannot be built: {exc}") from exc
     except AgentRLError:
         raise
     except Exception as exc:  # gymnasium.error.*, TypeError for bad kwargs, errors in the constructor

@@ -17,14 +17,14 @@ import ast
 import random
 from typing import TYPE_CHECKING, Any
 
-import anyio
-
-from agentrl.envs.base import Message, Status, StepResult, TextEnv
-from agentrl.envs.parsers import extract_boxed, parse_code
-from agentrl.errors import DataError, InfraError, SandboxError, ToolCallError
+from agentrl.envs.base import Message
+from agentrl.envs.parsers import extract_boxed
+from agentrl.envs.tool_env import ToolEnv
+from agentrl.envs.tools import PythonTool
+from agentrl.errors import DataError
 
 if TYPE_CHECKING:
-    from agentrl.sandbox.base import ExecResult, Sandbox
+    from agentrl.sandbox.base import Sandbox
 
 __all__ = [
     "SYSTEM_PROMPT",
@@ -121,24 +121,7 @@ def format_interpreter(output: str) -> str:
     return f"<interpreter>\n{output.rstrip()}\n</interpreter>"
 
 
-def _describe(result: ExecResult, *, timeout_s: float | None, memory_mb: int | None) -> tuple[str, bool]:
-    """``(interpreter text, failed)`` for one execution: its stdout, plus on failure the tail of
-    stderr or a one-line reason (timeout, memory, exit status)."""
-    out = result.stdout + ("\n[stdout truncated]" if result.stdout_truncated else "")
-    if result.timed_out:
-        limit = f"{timeout_s:g} s" if timeout_s is not None else "its time limit"
-        reason = f"TimeoutError: the code ran longer than {limit} and was stopped"
-    elif result.memory_exceeded:
-        limit = f"{memory_mb} MB" if memory_mb is not None else "its memory limit"
-        reason = f"MemoryError: the code used more than {limit} and was stopped"
-    elif result.exit_code != 0:
-        reason = result.stderr.rstrip() or f"the code exited with status {result.exit_code}"
-    else:
-        return _tail(out), False
-    return _tail(out.rstrip() + "\n" + reason if out.strip() else reason), True
-
-
-class CalcEnv(TextEnv):
+class CalcEnv(ToolEnv):
     """``agentrl/Calc-v0``: a calculator task solved with a sandboxed Python interpreter.
 
     **Row** — ``{"question": str, "answer": str | int}``; ``answer`` must be an integer. Without
@@ -146,10 +129,14 @@ class CalcEnv(TextEnv):
 
     **reset** returns ``[system (SYSTEM_PROMPT), user (row["question"])]``.
 
+    A :class:`~agentrl.envs.tool_env.ToolEnv` with the ReTool format, one :class:`PythonTool`
+    (no session: every ``<code>`` block runs in a fresh interpreter) and no limit on tool calls
+    beyond ``max_turns``.
+
     **step(action)**:
 
-    - the action holds a ``<code>...</code>`` block (see :func:`~agentrl.envs.parsers.parse_code`):
-      the code (through :func:`prepare_code`) runs in the sandbox with ``timeout_s`` and
+    - the action holds ``<code>...</code>`` blocks (see :class:`~agentrl.envs.parsers.ReToolParser`):
+      each block's code (through :func:`prepare_code`) runs in the sandbox with ``timeout_s`` and
       ``memory_mb``; returns ``[{"role": "tool", "content": "<interpreter>\\n...\\n</interpreter>"}]``
       holding stdout, or on failure stdout plus the tail of stderr / the reason; reward 0.0,
       not terminated; status ``"ok"``;
@@ -176,9 +163,8 @@ class CalcEnv(TextEnv):
     """
 
     required_fields = ("question", "answer")
-    deadline_grace_s: float = 30.0
-    """A code call that has not returned after ``2 * timeout_s + deadline_grace_s`` seconds (``timeout_s``
-    None counts as 30) is an infra failure."""
+    tool_format = "retool"
+    system_prompt = SYSTEM_PROMPT
 
     def __init__(
         self,
@@ -187,15 +173,16 @@ class CalcEnv(TextEnv):
         timeout_s: float | None = None,
         memory_mb: int | None = None,
     ) -> None:
-        super().__init__()
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        self.sandbox_kind = sandbox if isinstance(sandbox, str) or sandbox is None else None
-        self.sandbox = None if self.sandbox_kind else sandbox
-        self.own_sandbox: Sandbox | None = None
-        self.max_turns = max_turns
-        self.timeout_s = timeout_s
-        self.memory_mb = memory_mb
+        super().__init__(
+            tools=[PythonTool(session=False, display=False, prepare=prepare_code)],
+            sandbox=sandbox,
+            max_turns=max_turns,
+            max_tool_calls=None,
+            max_output_chars=MAX_OUTPUT_CHARS,
+            malformed="feedback",
+            timeout_s=timeout_s,
+            memory_mb=memory_mb,
+        )
 
     def sample_row(self) -> dict[str, Any]:
         """A fresh problem drawn with :attr:`np_random`."""
@@ -209,59 +196,13 @@ class CalcEnv(TextEnv):
             {"role": "user", "content": str(row["question"])},
         ]
 
-    async def astep(self, action: str) -> StepResult:
-        """One turn; see the class docstring for what is returned."""
-        self.start_turn()
+    def truncate_output(self, text: str) -> str:
+        """Keep the last ``MAX_OUTPUT_CHARS`` characters (a result is printed last)."""
+        return _tail(text, self.max_output_chars)
+
+    async def score(self, action: str) -> tuple[float, dict[str, Any]]:
+        """1.0 if the last ``\\boxed{}`` is the answer as an integer, else 0.0; ``info["boxed"]``."""
         assert self.row is not None
-        try:
-            code = parse_code(action)
-        except ToolCallError as exc:
-            self.tool_calls += 1
-            self.tool_errors += 1
-            return self._tool_reply(format_interpreter(f"ToolCallError: {exc}"), "malformed")
-        if code is None:
-            self.done = True
-            boxed = extract_boxed(action)
-            answer = as_int(str(self.row["answer"]))
-            reward = 1.0 if boxed is not None and as_int(boxed) == answer else 0.0
-            return [], reward, True, False, self.make_info("ok", boxed=boxed)
-        self.tool_calls += 1
-        try:
-            result = await self._run(prepare_code(code))
-        except InfraError as exc:
-            self.done = True
-            return [], 0.0, False, True, self.make_info("infra_failure", error=f"{type(exc).__name__}: {exc}")
-        text, failed = _describe(result, timeout_s=self.timeout_s, memory_mb=self.memory_mb)
-        self.tool_errors += int(failed)
-        return self._tool_reply(format_interpreter(text), "ok")
-
-    def _tool_reply(self, content: str, status: Status) -> StepResult:
-        truncated = self.turn >= self.max_turns
-        self.done = truncated
-        info = self.make_info("truncated" if truncated else status)
-        return [{"role": "tool", "content": content}], 0.0, False, truncated, info
-
-    async def _run(self, code: str) -> ExecResult:
-        """Run ``code`` in the sandbox; raise InfraError when the sandbox fails or never answers."""
-        sandbox = self.sandbox
-        if sandbox is None:
-            if self.own_sandbox is None:
-                try:
-                    from agentrl.sandbox import create_sandbox
-                except ImportError as exc:
-                    raise SandboxError(f"agentrl.sandbox cannot be imported: {exc}") from exc
-                self.own_sandbox = create_sandbox(self.sandbox_kind or "bubblewrap")
-            sandbox = self.own_sandbox
-        deadline = 2 * (self.timeout_s or 30.0) + self.deadline_grace_s
-        with anyio.move_on_after(deadline):
-            return await sandbox.run(code, timeout_s=self.timeout_s, memory_mb=self.memory_mb)
-        raise SandboxError(f"the sandbox returned no result within {deadline:g} s")
-
-    def holds_async_resources(self) -> bool:
-        return self.own_sandbox is not None
-
-    async def aclose(self) -> None:
-        """Close the sandbox this env created itself (a sandbox passed in is left open)."""
-        sandbox, self.own_sandbox = self.own_sandbox, None
-        if sandbox is not None:
-            await sandbox.aclose()
+        boxed = extract_boxed(action)
+        answer = as_int(str(self.row["answer"]))
+        return (1.0 if boxed is not None and as_int(boxed) == answer else 0.0), {"boxed": boxed}

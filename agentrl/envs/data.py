@@ -35,7 +35,8 @@ def load_rows(
 
     Args:
         source: where the rows come from —
-            ``"synthetic:calc"``: calculator problems from :func:`agentrl.envs.calc.generate_problems`;
+            ``"synthetic:calc"``, ``"synthetic:linear"``, ``"synthetic:word"``: generated
+            problems with exact answers (see :mod:`agentrl.envs.synthetic`);
             a path ending in ``.jsonl``, ``.json`` or ``.parquet``: a local file, read with
             ``datasets.load_dataset("json" | "parquet", data_files=path)``;
             anything else: a Hugging Face Hub dataset name, optionally ``"name:config"``
@@ -68,14 +69,15 @@ def load_rows(
 
 
 def _synthetic(source: str, split: str, limit: int | None, seed: int) -> list[dict[str, Any]]:
-    task = source.removeprefix("synthetic:")
-    if task != "calc":
-        raise DataError(f"{source}: unknown synthetic task {task!r} (known: 'calc')")
-    from agentrl.envs.calc import generate_problems
+    from agentrl.envs.synthetic import SYNTHETIC_TASKS
 
+    task = source.removeprefix("synthetic:")
+    if task not in SYNTHETIC_TASKS:
+        known = ", ".join(repr(k) for k in SYNTHETIC_TASKS)
+        raise DataError(f"{source}: unknown synthetic task {task!r} (known: {known})")
     n = SYNTHETIC_DEFAULT_ROWS if limit is None else limit
     split_seed = seed if split == "train" else seed + zlib.crc32(split.encode()) + 1
-    return [dict(r) for r in generate_problems(n, split_seed)]
+    return SYNTHETIC_TASKS[task](n, split_seed)
 
 
 def _load_file(path: Path) -> Any:

@@ -63,3 +63,120 @@ class FakeSandbox:
 
     async def aclose(self) -> None:
         self.closed += 1
+
+
+class SubprocessSandbox:
+    """Runs code in a plain ``python -I -S`` subprocess (no isolation: trusted test code only).
+    No ``session()``: ToolEnv keeps state by replay."""
+
+    def __init__(self) -> None:
+        self.codes: list[str] = []
+        self.timeouts: list[float | None] = []
+
+    async def run(self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None) -> FakeResult:
+        import sys
+        import time
+
+        self.codes.append(code)
+        self.timeouts.append(timeout_s)
+        start = time.monotonic()
+        with anyio.move_on_after(timeout_s or 10.0) as scope:
+            proc = await anyio.run_process([sys.executable, "-I", "-S", "-c", code], check=False)
+        if scope.cancelled_caught:
+            return FakeResult("", exit_code=None, timed_out=True, wall_s=time.monotonic() - start)
+        return FakeResult(
+            proc.stdout.decode(), proc.stderr.decode(), exit_code=proc.returncode, wall_s=time.monotonic() - start
+        )
+
+    async def aclose(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class FakeSessionResult(FakeResult):
+    state_lost: bool = False
+
+
+class FakeSession:
+    """A notebook-like session in this process: one namespace for every cell; a cell that
+    contains ``LOSE_STATE`` "kills the interpreter" (result ``state_lost``, namespace cleared)."""
+
+    def __init__(self, owner: "FakeSessionSandbox", memory_mb: int | None) -> None:
+        self.owner = owner
+        self.memory_mb = memory_mb
+        self.namespace: dict[str, Any] = {}
+        self.cells: list[str] = []
+        self.entered = self.exited = False
+
+    async def __aenter__(self) -> "FakeSession":
+        self.entered = True
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.exited = True
+
+    async def run(self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None) -> FakeSessionResult:
+        assert self.entered and not self.exited
+        self.cells.append(code)
+        await anyio.sleep(0)
+        if "LOSE_STATE" in code:
+            self.namespace.clear()
+            return FakeSessionResult("", exit_code=None, timed_out=True, state_lost=True)
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                exec(compile(code, f"cell{len(self.cells)}.py", "exec"), self.namespace)
+        except SystemExit as exc:
+            return FakeSessionResult(out.getvalue(), exit_code=int(exc.code or 0))
+        except Exception:
+            return FakeSessionResult(out.getvalue(), traceback.format_exc(limit=-1), exit_code=1)
+        return FakeSessionResult(out.getvalue())
+
+
+class FakeSessionSandbox(FakeSandbox):
+    """A FakeSandbox that also offers ``session(memory_mb=)`` (FakeSession objects, recorded)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sessions: list[FakeSession] = []
+
+    def session(self, *, memory_mb: int | None = None) -> FakeSession:
+        self.sessions.append(FakeSession(self, memory_mb))
+        return self.sessions[-1]
+
+
+# --- functions run in VerifierPool workers (module level: the workers import them by name) ---
+
+
+def pool_echo(value: Any) -> Any:
+    return value
+
+
+def pool_sleep_ignoring_alarm(seconds: float) -> str:
+    """Stuck where the worker's SIGALRM cannot reach (as C code would be)."""
+    import signal
+    import time
+
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)
+    time.sleep(seconds)
+    return "woke up"
+
+
+def pool_busy_python(seconds: float) -> str:
+    """Pure-Python work that the worker's alarm interrupts."""
+    import time
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+    return "done"
+
+
+def pool_crash() -> None:
+    import os
+
+    os._exit(3)
+
+
+def pool_raise() -> None:
+    raise ValueError("bad input")
