@@ -189,6 +189,8 @@ class VerifierPool:
         context: multiprocessing start method, ``"spawn"`` (default) or ``"forkserver"``
             (``"fork"`` is refused: unsafe in a process with threads).
         grace_s: seconds added to each call's inner timeout for the outer deadline.
+        warm: import math-verify and run one verification in each worker as it starts (so that
+            the first real call pays no import); False for pools that run other functions.
 
     The pool is safe to share between event loops and threads. Use :func:`shared_verifier_pool`
     rather than building one per environment.
@@ -200,6 +202,7 @@ class VerifierPool:
         *,
         context: Literal["spawn", "forkserver"] = "spawn",
         grace_s: float = DEFAULT_GRACE_S,
+        warm: bool = True,
     ) -> None:
         if context not in ("spawn", "forkserver"):
             raise ConfigError(f"VerifierPool: context must be 'spawn' or 'forkserver', got {context!r}")
@@ -210,6 +213,7 @@ class VerifierPool:
             raise ConfigError(f"VerifierPool: grace_s must be > 0, got {grace_s}")
         self.context = context
         self.grace_s = grace_s
+        self.warm = warm
         self.starts = 0
         """How many times worker processes were (re)started: 1 after the first call, +1 per kill."""
         self.kills = 0
@@ -235,7 +239,7 @@ class VerifierPool:
                 self._executor = ProcessPoolExecutor(
                     max_workers=self.max_workers,
                     mp_context=multiprocessing.get_context(self.context),
-                    initializer=_worker_init,
+                    initializer=_worker_init if self.warm else None,
                 )
                 self._generation += 1
                 self.starts += 1
@@ -247,6 +251,7 @@ class VerifierPool:
             if self._executor is None or generation != self._generation:
                 return
             executor, self._executor = self._executor, None
+            self._generation += 1  # calls still waiting on the old workers see that it was replaced
             self.kills += 1
         # ProcessPoolExecutor has no public way to kill a worker stuck in C code (3.14 adds
         # kill_workers); its process table is the only handle.
