@@ -60,7 +60,8 @@ class ToolEnv(TextEnv):
     - **no tool call**: the final answer. ``terminated=True``, ``[]``, reward :meth:`score`;
       ``info["end_reason"] = "answer"`` plus what ``score`` adds.
     - **tool calls**: each counts in ``info["tool_calls"]``. Well-formed calls of known tools
-      run in order; each output (cut to ``max_output_chars``, head and tail kept) comes back in
+      run in order; each tool's output (cut to ``max_output_chars``, head and tail kept; the
+      environment's own error messages are never cut) comes back in
       the messages the format makes (e.g. one ``tool`` message per call). Reward 0.0, status
       ``"ok"``. A call that fails (the tool raised or timed out, the code raised...) is shown to
       the model and counted in ``info["tool_errors"]``.
@@ -275,11 +276,12 @@ class ToolEnv(TextEnv):
             else:
                 try:
                     out = await self.toolbox[call.name].call(call.arguments, self)
+                    out = ToolOutput(self.truncate_output(out.text), out.error, out.name)
                 except ToolCallError as exc:  # a tool without bind() found the arguments wrong
                     out = ToolOutput(f"ToolCallError: {exc}", True, call.name)
                     bad.append(str(exc))
             self.tool_errors += int(out.error)
-            outputs.append(ToolOutput(self.truncate_output(out.text), out.error, out.name))
+            outputs.append(out)
         messages = self.parser.format_outputs(outputs) if self.parser is not None else []
         reward = -self.malformed_penalty * len(bad) if self.malformed == "penalty" else 0.0
         end_reason = None

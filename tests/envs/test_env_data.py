@@ -17,7 +17,7 @@ def test_synthetic_calc() -> None:
 
 
 def test_unknown_synthetic_task() -> None:
-    with pytest.raises(DataError, match="unknown synthetic task 'nope'"):
+    with pytest.raises(DataError, match="unknown synthetic task .nope. \\(known: .calc., .linear., .word.\\)"):
         load_rows("synthetic:nope")
 
 
@@ -65,3 +65,53 @@ def test_missing_and_unreadable_files(tmp_path: Path) -> None:
     (tmp_path / "d.csv").write_text("question,answer\nq,1\n")
     with pytest.raises(DataError, match="unsupported data file type"):
         load_rows(str(tmp_path / "d.csv"))
+
+
+@pytest.mark.parametrize("task", ["linear", "word"])
+def test_synthetic_math_tasks(task: str) -> None:
+    rows = load_rows(f"synthetic:{task}", limit=40, seed=1)
+    assert len(rows) == 40 and rows == load_rows(f"synthetic:{task}", limit=40, seed=1)
+    assert rows != load_rows(f"synthetic:{task}", limit=40, seed=2)
+    assert rows != load_rows(f"synthetic:{task}", split="test", limit=40, seed=1)
+    assert all(r["task"] == task and r["question"] and r["answer"] for r in rows)
+
+
+def test_linear_answers_solve_the_equations() -> None:
+    """Independently of the generator: parse the question text and solve it with sympy."""
+    import re
+
+    import sympy
+
+    x = sympy.Symbol("x")
+    rows = load_rows("synthetic:linear", limit=60, seed=4)
+    assert any("/" in r["answer"] for r in rows) and any("/" not in r["answer"] for r in rows)
+    for row in rows:
+        eq = row["question"].removeprefix("Solve for x: ").removesuffix(".")
+        lhs, rhs = (re.sub(r"(\d)x", r"\1*x", side) for side in eq.split(" = "))
+        assert sympy.solve(sympy.Eq(sympy.sympify(lhs), sympy.sympify(rhs)), x) == [sympy.Rational(row["answer"])], row
+
+
+def test_word_answers_are_exact() -> None:
+    from fractions import Fraction
+
+    rows = load_rows("synthetic:word", limit=200, seed=0)
+    kinds = {r["question"].split(" ")[1] for r in rows}
+    assert len(kinds) > 3
+    for row in rows:
+        value = Fraction(row["answer"])
+        assert str(value) == row["answer"]  # reduced
+        if "change" in row["question"]:
+            assert value >= 0
+
+
+def test_synthetic_rows_feed_the_math_envs() -> None:
+    import anyio
+
+    from agentrl.envs import MathEnv
+
+    env = MathEnv()
+    for row in load_rows("synthetic:word", limit=3) + load_rows("synthetic:linear", limit=3):
+        env.reset(options={"row": row})
+        answer = row["answer"]
+        latex = answer if "/" not in answer else "\\frac{%s}{%s}" % tuple(answer.split("/"))
+        assert anyio.run(env.astep, f"\\boxed{{{latex}}}")[1] == 1.0
