@@ -47,4 +47,5 @@ if [ "$AGENTRL_EXTRA" = cpu ]; then
     "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
 "$VENV/bin/python" -c "import agentrl, vllm, torch, ray; print('[setup] ok: torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__)" >&2
+./scripts/docker.sh
 echo "$WANT" > "$STAMP"

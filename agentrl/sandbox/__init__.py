@@ -62,48 +62,79 @@ environment and the process-group kill): it is for debugging on machines without
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from agentrl.errors import ConfigError
-from agentrl.sandbox.base import ExecResult, Sandbox
-from agentrl.sandbox.bubblewrap import BubblewrapSandbox
-from agentrl.sandbox.local import UnsafeLocalSandbox
+from agentrl.sandbox.base import (
+    ExecResult,
+    Sandbox,
+    SandboxSession,
+    SessionSandbox,
+    supports_sessions,
+)
+from agentrl.sandbox.bubblewrap import BubblewrapSandbox, BubblewrapSession
+from agentrl.sandbox.local import UnsafeLocalSandbox, UnsafeLocalSession
 
 __all__ = [
     "SANDBOX_KINDS",
     "BubblewrapSandbox",
+    "BubblewrapSession",
+    "DockerSandbox",
     "ExecResult",
     "Sandbox",
+    "SandboxSession",
+    "SessionSandbox",
     "UnsafeLocalSandbox",
+    "UnsafeLocalSession",
     "create_sandbox",
+    "supports_sessions",
 ]
 
-#: The sandbox kinds :func:`create_sandbox` accepts, and their classes.
-SANDBOX_KINDS: dict[str, type[BubblewrapSandbox] | type[UnsafeLocalSandbox]] = {
-    "bubblewrap": BubblewrapSandbox,
-    "unsafe-local": UnsafeLocalSandbox,
+#: The sandbox kinds :func:`create_sandbox` accepts, and where their classes live.
+SANDBOX_KINDS: dict[str, str] = {
+    "bubblewrap": "agentrl.sandbox.bubblewrap:BubblewrapSandbox",
+    "docker": "agentrl.sandbox.docker:DockerSandbox",
+    "unsafe-local": "agentrl.sandbox.local:UnsafeLocalSandbox",
 }
 
 
-def create_sandbox(kind: str, **kwargs: Any) -> Sandbox:
+def __getattr__(name: str) -> Any:
+    if name == "DockerSandbox":  # imported on demand: it talks to a Docker engine
+        from agentrl.sandbox.docker import DockerSandbox
+
+        return DockerSandbox
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def create_sandbox(kind: str, **kwargs: Any) -> SessionSandbox:
     """Build the sandbox of the given kind.
 
     Args:
-        kind: ``"bubblewrap"`` (:class:`BubblewrapSandbox`) or ``"unsafe-local"``
-            (:class:`UnsafeLocalSandbox`, for debugging only).
-        **kwargs: passed to the class (``max_concurrency``, ``timeout_s``, ``memory_mb``,
-            ``max_output_bytes``, ``max_processes``, ``python``).
+        kind: ``"bubblewrap"`` (:class:`BubblewrapSandbox`: warm fork-server workers by default,
+            ``warm=False`` for one container per execution), ``"docker"``
+            (:class:`~agentrl.sandbox.docker.DockerSandbox`: a pool of containers on a local
+            Docker engine) or ``"unsafe-local"`` (:class:`UnsafeLocalSandbox`, for debugging only).
+        **kwargs: passed to the class. Every kind takes ``max_concurrency``, ``timeout_s``,
+            ``memory_mb``, ``max_output_bytes``, ``max_processes`` and ``python``; bubblewrap also
+            ``warm``, ``preload``, ``warmup``, ``site_packages``, ``startup_timeout_s``; docker also
+            ``site_packages``, ``cpus``, ``container_memory_mb``, ``grace_s``.
 
     Raises:
         ConfigError: ``kind`` is not one of the kinds above, or an argument is invalid.
-        SandboxUnavailable: the backend is not installed here (the message says how to install it).
+        SandboxUnavailable: the backend is not installed or not running here (the message says
+            how to install or start it).
+        SandboxError: the backend failed to initialise.
     """
     try:
-        cls = SANDBOX_KINDS[kind]
+        target = SANDBOX_KINDS[kind]
     except KeyError:
         allowed = ", ".join(repr(k) for k in SANDBOX_KINDS)
         raise ConfigError(f"unknown sandbox kind {kind!r}; expected one of: {allowed}") from None
+    module_name, _, class_name = target.partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
     try:
-        return cls(**kwargs)
+        sandbox: SessionSandbox = cls(**kwargs)
     except TypeError as exc:
         raise ConfigError(f"sandbox {kind!r}: invalid arguments {sorted(kwargs)}: {exc}") from exc
+    return sandbox

@@ -30,7 +30,12 @@ Modes (``sys.argv[1]``):
     Reads framed requests on stdin, runs each in a child that drops to the sandbox uid, supervises
     it (deadline, output caps), kills every other process of the container afterwards, wipes the
     writable places (``/tmp``, ``/dev/shm``, ``/dev/mqueue``, System V IPC) and writes a framed
-    result on stdout.
+    result on stdout. ``mode`` ``oneshot``: one request, then exit; ``session``: cells in one
+    interpreter until end of input.
+
+``reaper`` (Docker: the container's PID 1)
+    Drops to uid 65534 at once, then reaps orphans; not dumpable, so the code (same uid) cannot
+    trace it.
 
 ``session`` (unsafe-local sessions)
     The ``U`` session loop alone, on a socket passed in the config, without namespaces.
@@ -388,43 +393,71 @@ def run_one(chan, env, kill_strategy):
     os._exit(status)
 
 
-def kill_leftovers(strategy):
-    """Kill every process this one started (or could have), except itself; reap its children."""
+def kill_leftovers(strategy, wait_s=2.0):
+    """Kill every process this one started (or could have), except itself, and wait (up to
+    ``wait_s``) until they are gone, reaping its own children.
+
+    ``"all"``: inside a PID namespace or container of our own, everything we may signal (our
+    uid). ``"descendants"``: only our descendants (unsafe-local; daemons that re-parented escape).
+    """
+    import time
+
+    me = os.getpid()
+    uid = os.getuid()
+    victims = set()
     if strategy == "all":
-        # Inside a PID namespace (or a container) of our own: everything we may signal.
         try:
             os.kill(-1, signal.SIGKILL)
         except OSError:
             pass
-    elif strategy == "descendants":
-        me = os.getpid()
+    else:
         children = {}
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                try:
-                    with open("/proc/%s/stat" % name, "rb") as f:
-                        ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-                except (OSError, ValueError, IndexError):
-                    continue
-                children.setdefault(ppid, []).append(int(name))
-        todo, seen = list(children.get(me, ())), set()
+        for pid, ppid, _uid, _state in _processes():
+            children.setdefault(ppid, []).append(pid)
+        todo = list(children.get(me, ()))
         while todo:
             pid = todo.pop()
-            if pid in seen:
+            if pid in victims:
                 continue
-            seen.add(pid)
+            victims.add(pid)
             todo.extend(children.get(pid, ()))
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+    end = time.monotonic() + wait_s
     while True:
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        alive = [
+            pid for pid, _ppid, puid, state in _processes()
+            if pid not in (me, 1) and state not in ("Z", "X")
+            and (pid in victims if strategy != "all" else puid == uid)
+        ]
+        if not alive or time.monotonic() > end:
+            return
+        time.sleep(0.001)
+
+
+def _processes():
+    """``(pid, ppid, real uid, state)`` of every process visible in /proc."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if pid == 0:
-            break
+            with open("/proc/%s/stat" % name, "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            with open("/proc/%s/status" % name, "rb") as f:
+                uid = next(int(line.split()[1]) for line in f if line.startswith(b"Uid:"))
+        except (OSError, ValueError, IndexError, StopIteration):
+            continue
+        out.append((int(name), int(fields[1]), uid, fields[0].decode()))
+    return out
 
 
 def session_loop(chan, env, kill_strategy):
@@ -904,10 +937,16 @@ class Runner:
         self.uid = int(cfg["uid"])
         self.host = Stream(0, 1)
         self.session = None  # (pid, Packets) of a session's U
+        sys.path.extend(cfg.get("site", []))
+        # docker exec may hand us SIGCHLD ignored (children auto-reaped): we need their statuses.
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
     def serve(self):
+        """One-shot: one ``exec`` request, clean up, answer, exit (the container is clean before
+        the answer leaves). Session: ``cell`` requests until end of input, then clean up."""
         import time
 
+        oneshot = self.cfg["mode"] == "oneshot"
         while True:
             try:
                 req = self.host.recv()
@@ -915,19 +954,19 @@ class Runner:
                 break
             code = self.host.read(int(req.get("code_len", 0)))
             t0 = time.monotonic()
-            if req["op"] == "exec":
+            if oneshot:
                 result, out, err = self.exec_one(req, code)
                 self.cleanup()
-            elif req["op"] == "cell":
-                result, out, err = self.cell(req, code)
             else:
-                raise ValueError("unknown op %r" % (req["op"],))
+                result, out, err = self.cell(req, code)
             result["wall_s"] = time.monotonic() - t0
             result["event"] = "result"
             result["out_len"], result["err_len"] = len(out.data), len(err.data)
             result["out_truncated"], result["err_truncated"] = out.truncated, err.truncated
             result["memory_error"] = b"\nMemoryError" in b"\n" + bytes(err.tail)
             self.host.send(result, tail=bytes(out.data) + bytes(err.data))
+            if oneshot:
+                return
         self.cleanup()
 
     def cleanup(self):
@@ -1042,7 +1081,10 @@ class Runner:
                         kill_everything_else()
                 elif key.data == "exit":
                     sel.unregister(pidfd)
-                    _, status = os.waitpid(pid, 0)
+                    try:
+                        _, status = os.waitpid(pid, 0)
+                    except ChildProcessError:
+                        status = signal.SIGKILL
                     result["status"] = status
                     result["child_gone"] = True
                     kill_everything_else()
@@ -1065,6 +1107,23 @@ class Runner:
         return result, out, err
 
 
+def reaper_main(cfg):
+    """PID 1 of a Docker sandbox container: drops to the sandbox uid at once, then only reaps
+    orphans; not dumpable, so the code (same uid) cannot trace it."""
+    import ctypes
+
+    _drop_privileges(int(cfg["uid"]))
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+    while True:
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:
+            pass
+        signal.sigtimedwait([signal.SIGCHLD], 60)
+
+
 # --------------------------------------------------------------------------------------------
 
 
@@ -1075,6 +1134,8 @@ def main():
         server_main(cfg)
     elif mode == "runner":
         Runner(cfg).serve()
+    elif mode == "reaper":
+        reaper_main(cfg)
     elif mode == "session":
         os.chdir(cfg["cwd"])
         session_loop(Packets(socket.socket(fileno=int(cfg["fd"]))), cfg["env"], "descendants")

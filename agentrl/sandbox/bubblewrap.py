@@ -67,6 +67,7 @@ import sysconfig
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -93,7 +94,9 @@ from agentrl.sandbox.base import (
     _to_result,
 )
 
-__all__ = ["BubblewrapSandbox", "BubblewrapSession", "DEFAULT_PRELOAD", "DEFAULT_WARMUP"]
+__all__ = [
+    "BubblewrapSandbox", "BubblewrapSession", "DEFAULT_PRELOAD", "DEFAULT_WARMUP", "PoolStats",
+]
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +155,24 @@ _UNSHARE_HELPER = (
     "os.write(1, b'1' if ok else os.strerror(ctypes.get_errno()).encode())\n"
     "sys.stdin.read()\n"
 )
+
+
+@dataclass
+class PoolStats:
+    """Counters of a :class:`BubblewrapSandbox` since it was created.
+
+    Attributes:
+        warm_runs: one-shot executions served by a warm worker.
+        cold_runs: one-shot executions that ran in a container of their own (per-execution mode,
+            or warm mode while no worker was ready yet).
+        workers_started: warm workers launched (including replacements and session-only ones).
+        workers_replaced: warm workers killed because they died or misbehaved.
+    """
+
+    warm_runs: int = 0
+    cold_runs: int = 0
+    workers_started: int = 0
+    workers_replaced: int = 0
 
 
 class BubblewrapSandbox:
@@ -257,6 +278,8 @@ class BubblewrapSandbox:
         self._launching: list[_Worker] = []
         self._workers: set[_Worker] = set()
         self._failure: SandboxError | None = None
+        #: Counters (see :class:`PoolStats`).
+        self.stats = PoolStats()
         self._sessions: set[BubblewrapSession] = set()
 
     # -- public API -------------------------------------------------------------------------
@@ -345,6 +368,7 @@ class BubblewrapSandbox:
     # -- per-execution mode ------------------------------------------------------------------
 
     async def _run_cold(self, code: str, timeout: float, limits: _Limits) -> ExecResult:
+        self.stats.cold_runs += 1
         userns = self._take_userns()
         try:
             raw = await _run_process(
@@ -398,11 +422,13 @@ class BubblewrapSandbox:
             try:
                 tree = await worker.take("exec")
             except SandboxError:
+                self.stats.workers_replaced += 1
                 self._discard(worker)  # it died since its last execution: replace it
                 if attempt:
                     raise
                 continue
             break
+        self.stats.warm_runs += 1
         ok = False
         try:
             outcome = await run_on_tree(
@@ -439,6 +465,7 @@ class BubblewrapSandbox:
             worker = self._idle.pop()
             if worker.alive():
                 return worker
+            self.stats.workers_replaced += 1
             self._discard(worker)
         if self._failure is not None:
             failure, self._failure = self._failure, None
@@ -469,6 +496,7 @@ class BubblewrapSandbox:
     def _launch(self, *, preload: bool = True) -> _Worker:
         worker = _Worker(self, preload=preload)
         self._workers.add(worker)
+        self.stats.workers_started += 1
         try:
             worker.launch()
         except BaseException:
@@ -482,6 +510,8 @@ class BubblewrapSandbox:
         if ok and not self._closed and worker.alive():
             self._idle.append(worker)
         else:
+            if not self._closed:
+                self.stats.workers_replaced += 1
             self._discard(worker)
 
     def _discard(self, worker: _Worker) -> None:

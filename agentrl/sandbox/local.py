@@ -11,12 +11,16 @@ Never point it at code you would not run by hand.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
+import socket
+import subprocess
 import tempfile
 
 from agentrl.errors import SandboxError
+from agentrl.sandbox._tree import GUEST_SOURCE, AsyncConn, Tree, request_header, run_on_tree
 from agentrl.sandbox.base import (
     ExecResult,
     _base_python,
@@ -29,7 +33,7 @@ from agentrl.sandbox.base import (
     _to_result,
 )
 
-__all__ = ["UnsafeLocalSandbox"]
+__all__ = ["UnsafeLocalSandbox", "UnsafeLocalSession"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +86,7 @@ class UnsafeLocalSandbox:
         self.max_concurrency = int(max_concurrency)
         self._limiter = _LoopLocal(self.max_concurrency)
         self._closed = False
+        self._sessions: set[UnsafeLocalSession] = set()
         log.warning(
             "UnsafeLocalSandbox: model-written code will run UNSANDBOXED on this host as uid %d "
             "(files, network and processes are all reachable). Use only for debugging; use "
@@ -118,9 +123,17 @@ class UnsafeLocalSandbox:
                 )
         return _to_result(raw, what="unsafe-local sandbox")
 
+    def session(self, *, memory_mb: int | None = None) -> UnsafeLocalSession:
+        """A notebook-like session (see :class:`agentrl.sandbox.SandboxSession`), just as unsafe:
+        one local interpreter process in a temporary directory, in a session of its own."""
+        _, memory = _run_settings(None, memory_mb, self.timeout_s, self.memory_mb)
+        return UnsafeLocalSession(self, memory)
+
     async def aclose(self) -> None:
-        """Mark the sandbox closed (it holds no resources between runs)."""
+        """Mark the sandbox closed and end its sessions."""
         self._closed = True
+        for sess in list(self._sessions):
+            await sess.aclose()
 
     async def __aenter__(self) -> UnsafeLocalSandbox:
         return self
@@ -133,3 +146,118 @@ class UnsafeLocalSandbox:
             f"UnsafeLocalSandbox(python={self._python!r}, max_concurrency={self.max_concurrency}, "
             f"timeout_s={self.timeout_s}, memory_mb={self.memory_mb})"
         )
+
+
+def _local_env(workdir: str) -> dict[str, str]:
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": workdir,
+        "TMPDIR": workdir,
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+
+
+class UnsafeLocalSession:
+    """UNSAFE: a session of an :class:`UnsafeLocalSandbox` (see
+    :class:`agentrl.sandbox.SandboxSession`).
+
+    One local ``python -I -S`` process (its own process group and session, a fresh temporary
+    working directory) keeps the state; at a cell's deadline its group is killed and the state is
+    lost. Processes a cell leaves behind are killed when it ends, unless they escaped by changing
+    their parent (daemons): there is no isolation.
+
+    Attributes:
+        restarts: how many times the interpreter was started afresh after losing its state.
+    """
+
+    def __init__(self, sandbox: UnsafeLocalSandbox, memory_mb: int) -> None:
+        self.sandbox = sandbox
+        self.memory_mb = memory_mb
+        self.restarts = 0
+        self._tree: Tree | None = None
+        self._workdir: str | None = None
+        self._started = False
+        self._closed = False
+
+    async def __aenter__(self) -> UnsafeLocalSession:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Start the interpreter process (``async with`` does this).
+
+        Raises:
+            SandboxError: it could not be started.
+        """
+        if self._closed or self.sandbox._closed:
+            raise SandboxError("unsafe-local session: the session or its sandbox is closed")
+        if self._tree is not None:
+            return
+        if self._workdir is None:
+            self._workdir = tempfile.mkdtemp(prefix="agentrl-session-")
+        host_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        config = {"fd": child_end.fileno(), "env": _local_env(self._workdir), "cwd": self._workdir}
+        try:
+            proc = subprocess.Popen(
+                [self.sandbox._python, "-I", "-S", "-c", GUEST_SOURCE, "session", json.dumps(config)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env=_local_env(self._workdir), cwd=self._workdir, pass_fds=(child_end.fileno(),),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            host_end.close()
+            raise SandboxError(f"unsafe-local session: cannot start the interpreter: {exc}") from exc
+        finally:
+            child_end.close()
+        self._tree = Tree(AsyncConn(host_end), proc=proc)
+        self._started = True
+        self.sandbox._sessions.add(self)
+
+    async def run(
+        self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None
+    ) -> ExecResult:
+        """Run one cell; see :meth:`agentrl.sandbox.SandboxSession.run`."""
+        sb = self.sandbox
+        if self._closed or sb._closed:
+            raise SandboxError("unsafe-local session: run called after aclose()")
+        timeout, memory = _run_settings(timeout_s, memory_mb, sb.timeout_s, self.memory_mb)
+        limits = _Limits.for_run(
+            timeout_s=timeout, memory_mb=min(memory, self.memory_mb), max_processes=sb.max_processes
+        )
+        if self._tree is None:
+            if self._started:
+                self.restarts += 1
+            await self.start()
+        tree = self._tree
+        assert tree is not None
+        header = request_header(
+            code_len=0, timeout_s=timeout, memory_bytes=limits.memory_bytes, cpu_s=limits.cpu_s,
+            fsize=limits.fsize_bytes, nofile=limits.nofile, nproc=limits.nproc,
+            session_memory_bytes=self.memory_mb * 1024 * 1024,
+        )
+        async with sb._limiter.get():
+            outcome = await run_on_tree(
+                tree, code, header, timeout_s=timeout, max_output_bytes=sb.max_output_bytes,
+                session=True,
+            )
+        if outcome.error is not None or outcome.state_lost:
+            tree.close()
+            self._tree = None
+        if outcome.error is not None:
+            raise SandboxError(f"unsafe-local session: {outcome.error}")
+        return _to_result(outcome.raw, what="unsafe-local session", state_lost=outcome.state_lost)
+
+    async def aclose(self) -> None:
+        """Kill the interpreter's process group and remove its working directory."""
+        self._closed = True
+        self.sandbox._sessions.discard(self)
+        if self._tree is not None:
+            self._tree.close()
+            self._tree = None
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None

@@ -1,0 +1,731 @@
+"""A sandbox on a Docker engine: a pool of long-lived, locked-down containers, one ``exec`` per run.
+
+See :mod:`agentrl.sandbox` for the threat model. Each container of the pool is created from a tiny
+local image (:func:`ensure_image`: an empty root filesystem with ``/etc/passwd`` and the host's
+top-level symlinks, imported from a tarball, so no registry is needed) with the host's ``/usr``,
+the interpreter's prefix and the site-packages directories bound read-only, and runs with:
+
+* no network (``network_mode="none"``: a loopback interface only), a private IPC namespace;
+* a read-only root filesystem, a size-capped tmpfs ``/tmp``;
+* a memory limit (cgroup, no swap), a CPU quota and a PID limit;
+* ``cap_drop=ALL`` plus only ``CAP_SETUID``, ``CAP_SETGID`` and ``CAP_KILL``, ``no-new-privileges``;
+* everything long-lived in it runs as uid/gid 65534 without capabilities: PID 1 is a small reaper
+  that drops to 65534 at once (the container is configured as uid 0 only because Docker gives an
+  ``exec -u 0`` no effective capabilities in a container configured as non-root).
+
+An execution is one ``docker exec`` of the guest *runner* (:mod:`agentrl.sandbox._guest`) as uid 0
+with those three capabilities: it reads the code from the exec's stdin, forks a child that drops to
+uid 65534 and applies the rlimits, supervises it (deadline, output caps), then kills every other
+process of the container, wipes ``/tmp``, ``/dev/shm``, ``/dev/mqueue`` and System V IPC objects,
+and only then answers. A container runs one execution at a time. A container whose exec fails in
+any way (the Docker API errors, the runner dies or answers nonsense, the run overshoots its deadline
+by more than ``grace_s``) is removed and replaced; that execution raises
+:class:`~agentrl.errors.SandboxError`. A session holds one container for its whole life (its
+interpreter is a persistent child of a runner in session mode).
+
+The engine must be local: containers bind host paths. ``scripts/docker.sh`` installs the Debian
+``docker.io`` package, starts ``dockerd`` and builds the image (``python -m agentrl.sandbox.docker
+build-image``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import socket
+import struct
+import sys
+import tarfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from agentrl.errors import ConfigError, SandboxError, SandboxUnavailable
+from agentrl.sandbox._tree import GUEST_SOURCE, frame
+from agentrl.sandbox.base import (
+    ExecResult,
+    _Capture,
+    _check_settings,
+    _Limits,
+    _LoopLocal,
+    _Raw,
+    _run_settings,
+    _to_result,
+)
+from agentrl.sandbox.bubblewrap import (
+    SANDBOX_ENV,
+    SANDBOX_UID,
+    SITE_MOUNT,
+    SYSTEM_PATHS,
+    TMPFS_BYTES,
+    _default_site_packages,
+    _is_within,
+    _resolve_python,
+)
+
+__all__ = ["DockerSandbox", "DockerSession", "IMAGE_REPOSITORY", "ensure_image", "image_tag"]
+
+log = logging.getLogger(__name__)
+
+#: Repository name of the sandbox image (the tag is a hash of its content).
+IMAGE_REPOSITORY = "agentrl-sandbox"
+#: Label on every container this module creates (value: the creating process id).
+LABEL = "agentrl.sandbox.owner"
+#: Places the runner empties after every execution (as the sandbox uid).
+WIPE_PATHS = ("/tmp", "/dev/shm", "/dev/mqueue")
+#: Extra processes a container needs besides the code's (PID 1, the runner, its helpers).
+_PID_HEADROOM = 16
+#: Extra container memory besides ``memory_mb`` for PID 1 and the runner, MiB.
+_MEMORY_HEADROOM_MB = 256
+
+_UNAVAILABLE_HINT = (
+    "the Docker engine is not reachable{detail}; run `scripts/docker.sh` (installs the Debian "
+    "`docker.io` package if needed, starts `dockerd --storage-driver=vfs` and builds the sandbox "
+    "image), or set DOCKER_HOST, or choose the 'bubblewrap' sandbox"
+)
+
+
+def _docker_client(timeout_s: float = 60.0) -> Any:
+    """A ``docker.DockerClient`` for the local engine (``DOCKER_HOST`` or the default socket).
+
+    Raises:
+        SandboxUnavailable: the ``docker`` package is missing or the engine does not answer.
+    """
+    try:
+        import docker
+    except ImportError as exc:  # pragma: no cover - a dependency of agentrl
+        raise SandboxUnavailable("the `docker` Python package is not installed") from exc
+    try:
+        client = docker.from_env(timeout=int(timeout_s))
+        client.ping()
+    except Exception as exc:  # docker.errors.DockerException, requests errors, OSError
+        raise SandboxUnavailable(_UNAVAILABLE_HINT.format(detail=f" ({exc})")) from exc
+    return client
+
+
+def _host_layout() -> list[tuple[str, str]]:
+    """The host's top-level symlinks the image must copy (e.g. ``/lib -> usr/lib``)."""
+    links = []
+    for path in (*SYSTEM_PATHS, "/sbin"):
+        if os.path.dirname(path) == "/" and os.path.islink(path):
+            links.append((path.lstrip("/"), os.readlink(path)))
+    return links
+
+
+def image_tag() -> str:
+    """The sandbox image's name for this host: ``agentrl-sandbox:<hash of its content>``."""
+    spec = json.dumps({"version": 1, "links": _host_layout(), "uid": SANDBOX_UID})
+    return f"{IMAGE_REPOSITORY}:{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
+
+
+def _image_tarball() -> bytes:
+    """A minimal root filesystem: mount points, ``/etc/passwd``, ``/etc/group``, the host's
+    top-level symlinks. Everything else is bound read-only from the host at run time."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+
+        def add_dir(name: str, mode: int = 0o755) -> None:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode = tarfile.DIRTYPE, mode
+            tar.addfile(info)
+
+        def add_file(name: str, text: str) -> None:
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+
+        links = dict(_host_layout())
+        for name in ("etc", "tmp", "proc", "dev", "sys", "opt", "root", "usr"):
+            add_dir(name, 0o1777 if name == "tmp" else 0o755)
+        add_dir("opt/site")
+        for name, target in links.items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+        uid = SANDBOX_UID
+        add_file("etc/passwd", f"root:x:0:0:root:/root:/bin/false\nsandbox:x:{uid}:{uid}:sandbox:/tmp:/bin/false\n")
+        add_file("etc/group", f"root:x:0:\nsandbox:x:{uid}:\n")
+        add_file("etc/hostname", "sandbox\n")
+    return buf.getvalue()
+
+
+def ensure_image(client: Any | None = None) -> str:
+    """Build the sandbox image from local files if this engine does not have it; return its tag.
+
+    Raises:
+        SandboxUnavailable: the engine is not reachable.
+        SandboxError: the image could not be imported.
+    """
+    client = client or _docker_client()
+    tag = image_tag()
+    try:
+        client.images.get(tag)
+        return tag
+    except Exception as exc:  # docker.errors.ImageNotFound
+        if type(exc).__name__ != "ImageNotFound":
+            raise SandboxError(f"docker sandbox: cannot inspect image {tag}: {exc}") from exc
+    repo, version = tag.split(":")
+    try:
+        client.api.import_image_from_data(_image_tarball(), repository=repo, tag=version)
+        client.images.get(tag)
+    except Exception as exc:
+        raise SandboxError(f"docker sandbox: cannot build image {tag}: {exc}") from exc
+    log.info("docker sandbox: built image %s", tag)
+    return tag
+
+
+@dataclass
+class _Container:
+    """One pooled container: its id and whether it may be reused."""
+
+    id: str
+    healthy: bool = True
+
+
+class DockerSandbox:
+    """Runs code in a pool of locked-down Docker containers, one ``docker exec`` per execution.
+
+    Args:
+        max_concurrency: most executions (and sessions) at once; also the most containers.
+        timeout_s: default wall-clock deadline per execution, in seconds.
+        memory_mb: default address-space limit (RLIMIT_AS) per process of the code, in MiB.
+        max_output_bytes: how much of stdout, and of stderr, is kept per execution (bytes).
+        max_processes: most processes the code may have at once (the container's PID limit
+            leaves ``16`` more for the container's own processes).
+        python: interpreter to run inside (its prefix is bound read-only); default: the base
+            interpreter of the running Python.
+        site_packages: directories bound read-only at ``/opt/site/<i>`` and put on the code's
+            ``sys.path``; ``None``: the running interpreter's site-packages when ``python`` is not
+            given, else none.
+        cpus: CPU quota of each container (``1.0`` = one core).
+        container_memory_mb: memory limit of each container (cgroup, all its processes together,
+            no swap); ``None``: ``memory_mb + 256``.
+        grace_s: how long past an execution's deadline the runner may take to answer before the
+            container is considered broken (removed and replaced; the run raises SandboxError).
+
+    Raises:
+        SandboxUnavailable: the Docker engine is not reachable (the message says how to start it).
+        SandboxError: the sandbox image could not be built.
+        ConfigError: an argument is out of range.
+
+    Use from one event loop at a time; ``await sandbox.aclose()`` (or ``async with``) removes the
+    containers.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_concurrency: int = 4,
+        timeout_s: float = 10.0,
+        memory_mb: int = 512,
+        max_output_bytes: int = 16384,
+        max_processes: int = 64,
+        python: str | None = None,
+        site_packages: Sequence[str] | None = None,
+        cpus: float = 1.0,
+        container_memory_mb: int | None = None,
+        grace_s: float = 15.0,
+    ) -> None:
+        _check_settings(
+            max_concurrency=max_concurrency, timeout_s=timeout_s, memory_mb=memory_mb,
+            max_output_bytes=max_output_bytes, max_processes=max_processes,
+        )
+        if not cpus > 0:
+            raise ConfigError(f"sandbox: cpus must be > 0, got {cpus!r}")
+        if container_memory_mb is not None and not container_memory_mb > 0:
+            raise ConfigError(f"sandbox: container_memory_mb must be > 0, got {container_memory_mb!r}")
+        if not grace_s > 0:
+            raise ConfigError(f"sandbox: grace_s must be > 0, got {grace_s!r}")
+        self.timeout_s = float(timeout_s)
+        self.memory_mb = int(memory_mb)
+        self.max_output_bytes = int(max_output_bytes)
+        self.max_processes = int(max_processes)
+        self.max_concurrency = int(max_concurrency)
+        self.cpus = float(cpus)
+        self.container_memory_mb = int(container_memory_mb or memory_mb + _MEMORY_HEADROOM_MB)
+        self.grace_s = float(grace_s)
+        self._python, prefixes = _resolve_python(python)
+        if site_packages is None:
+            site_packages = _default_site_packages() if python is None else []
+        self.site_packages = [os.path.realpath(p) for p in site_packages if os.path.isdir(p)]
+        self._site_inside = [f"{SITE_MOUNT}/{i}" for i in range(len(self.site_packages))]
+        self._binds = self._build_binds(prefixes)
+        self._client = _docker_client()
+        self.image = ensure_image(self._client)
+        self._limiter = _LoopLocal(self.max_concurrency)
+        self._idle: list[_Container] = []
+        self._all: set[str] = set()
+        self._sessions: set[DockerSession] = set()
+        self._closed = False
+
+    # -- public API -------------------------------------------------------------------------
+
+    async def run(
+        self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None
+    ) -> ExecResult:
+        """Execute ``code`` via ``docker exec`` in a pooled container; see
+        :meth:`agentrl.sandbox.Sandbox.run`."""
+        if self._closed:
+            raise SandboxError("DockerSandbox.run called after aclose()")
+        timeout, memory = _run_settings(timeout_s, memory_mb, self.timeout_s, self.memory_mb)
+        limits = _Limits.for_run(timeout_s=timeout, memory_mb=memory, max_processes=self.max_processes)
+        async with self._limiter.get():
+            container = await self._acquire()
+            runner: _RunnerExec | None = None
+            started_at = time.monotonic()
+            try:
+                runner = await _RunnerExec.open(self, container, mode="oneshot")
+                answer = await runner.request(self._request("exec", limits, timeout), code, timeout)
+                answer[0]["wall_s"] = time.monotonic() - started_at  # docker exec included
+            except SandboxError:
+                container.healthy = False
+                raise
+            finally:
+                if runner is not None:
+                    runner.close()
+                await self._release(container)
+        return self._result(answer, what="docker sandbox")
+
+    async def start(self, containers: int | None = None) -> None:
+        """Create containers ahead of use (default: ``max_concurrency``).
+
+        Raises:
+            SandboxError: a container could not be created.
+        """
+        want = self.max_concurrency if containers is None else min(containers, self.max_concurrency)
+        new: list[_Container] = []
+        try:
+            while len(self._all) < want:
+                new.append(await self._create())
+        finally:
+            self._idle.extend(new)
+
+    def session(self, *, memory_mb: int | None = None) -> DockerSession:
+        """A notebook-like session (see :class:`agentrl.sandbox.SandboxSession`); it holds one
+        container (one concurrency slot) from start to close."""
+        _, memory = _run_settings(None, memory_mb, self.timeout_s, self.memory_mb)
+        return DockerSession(self, memory)
+
+    async def aclose(self) -> None:
+        """Close the sessions and remove every container; ``run`` raises afterwards."""
+        self._closed = True
+        for sess in list(self._sessions):
+            await sess.aclose()
+        ids, self._idle = list(self._all), []
+        self._all.clear()
+        for cid in ids:
+            await anyio.to_thread.run_sync(self._remove, cid)
+
+    async def __aenter__(self) -> DockerSandbox:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return (
+            f"DockerSandbox(image={self.image!r}, max_concurrency={self.max_concurrency}, "
+            f"timeout_s={self.timeout_s}, memory_mb={self.memory_mb}, cpus={self.cpus}, "
+            f"container_memory_mb={self.container_memory_mb})"
+        )
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _request(self, op: str, limits: _Limits, timeout: float, **extra: Any) -> dict[str, Any]:
+        return {
+            "op": op,
+            "timeout_s": timeout,
+            "max_output": self.max_output_bytes,
+            "memory_bytes": limits.memory_bytes,
+            "cpu_s": limits.cpu_s,
+            "fsize": limits.fsize_bytes,
+            "nofile": limits.nofile,
+            "nproc": 0,  # the container's PID limit counts the processes (uids are host-wide)
+            **extra,
+        }
+
+    def _result(self, answer: tuple[dict[str, Any], bytes, bytes], *, what: str) -> ExecResult:
+        result, out, err = answer
+        if result.get("error"):
+            raise SandboxError(f"{what}: {result['error']}")
+        if result.get("status") is not None:
+            returncode = os.waitstatus_to_exitcode(int(result["status"]))
+        elif result.get("exit_code") is not None:
+            returncode = int(result["exit_code"])
+        else:
+            returncode = -9
+        out_cap, err_cap = _Capture(self.max_output_bytes), _Capture(self.max_output_bytes)
+        out_cap.data += out
+        err_cap.data += err
+        err_cap.tail += err[-4096:]
+        if result.get("memory_error"):
+            err_cap.tail += b"\nMemoryError"
+        out_cap.truncated = bool(result.get("out_truncated"))
+        err_cap.truncated = bool(result.get("err_truncated"))
+        raw = _Raw(
+            out_cap, err_cap, returncode, bool(result.get("timed_out")),
+            bool(result.get("started")), float(result.get("wall_s", 0.0)),
+        )
+        return _to_result(raw, what=what, state_lost=bool(result.get("state_lost", False)))
+
+    async def _acquire(self) -> _Container:
+        while self._idle:
+            container = self._idle.pop()
+            if container.healthy:
+                return container
+            await anyio.to_thread.run_sync(self._remove, container.id)
+        return await self._create()
+
+    async def _release(self, container: _Container) -> None:
+        if container.healthy and not self._closed:
+            self._idle.append(container)
+        else:
+            await anyio.to_thread.run_sync(self._remove, container.id)
+
+    async def _create(self) -> _Container:
+        cid = await anyio.to_thread.run_sync(self._create_sync)
+        self._all.add(cid)
+        return _Container(cid)
+
+    def _create_sync(self) -> str:
+        config = json.dumps({"uid": SANDBOX_UID})
+        try:
+            container = self._client.containers.run(
+                self.image,
+                command=[self._python, "-I", "-S", "-c", GUEST_SOURCE, "reaper", config],
+                detach=True,
+                # Started as root only so that `docker exec -u 0` gets the three capabilities
+                # (Docker clears them for non-root containers); PID 1 drops to 65534 at once.
+                user="0:0",
+                network_mode="none",
+                ipc_mode="private",
+                read_only=True,
+                tmpfs={"/tmp": f"rw,nosuid,nodev,size={TMPFS_BYTES},mode=1777"},
+                mem_limit=f"{self.container_memory_mb}m",
+                memswap_limit=f"{self.container_memory_mb}m",
+                nano_cpus=int(self.cpus * 1e9),
+                pids_limit=self.max_processes + _PID_HEADROOM,
+                cap_drop=["ALL"],
+                cap_add=["SETUID", "SETGID", "KILL"],
+                security_opt=["no-new-privileges"],
+                hostname="sandbox",
+                environment={"PATH": SANDBOX_ENV["PATH"]},
+                volumes=self._binds,
+                working_dir="/tmp",
+                labels={LABEL: str(os.getpid())},
+            )
+        except Exception as exc:
+            raise SandboxError(f"docker sandbox: cannot create a container: {exc}") from exc
+        return str(container.id)
+
+    def _remove(self, cid: str) -> None:
+        self._all.discard(cid)
+        try:
+            self._client.api.remove_container(cid, force=True)
+        except Exception as exc:  # already gone, or the engine is down: nothing more to do
+            log.debug("docker sandbox: removing %s: %s", cid[:12], exc)
+
+    def _build_binds(self, prefixes: Sequence[str]) -> dict[str, dict[str, str]]:
+        binds: dict[str, dict[str, str]] = {}
+        bound: list[str] = []
+        for path in SYSTEM_PATHS:
+            if os.path.islink(path) and os.path.dirname(path) == "/":
+                continue  # recreated as a symlink in the image
+            if os.path.exists(path):
+                real = os.path.realpath(path)
+                binds[real] = {"bind": path, "mode": "ro"}
+                bound.append(real)
+        for prefix in prefixes:
+            if not any(_is_within(prefix, b) for b in bound):
+                binds[prefix] = {"bind": prefix, "mode": "ro"}
+                bound.append(prefix)
+        for host, inside in zip(self.site_packages, self._site_inside):
+            binds[host] = {"bind": inside, "mode": "ro"}
+        return binds
+
+    def _runner_argv(self, mode: str) -> list[str]:
+        config = {
+            "mode": mode,
+            "uid": SANDBOX_UID,
+            "env": SANDBOX_ENV,
+            "wipe": list(WIPE_PATHS),
+            "site": self._site_inside,
+        }
+        return [self._python, "-I", "-S", "-c", GUEST_SOURCE, "runner", json.dumps(config)]
+
+
+class _RunnerExec:
+    """One ``docker exec`` of the guest runner, driven over its hijacked stdio connection."""
+
+    _HDR = struct.Struct(">BxxxL")
+
+    def __init__(self, sandbox: DockerSandbox, container: _Container, sock: socket.socket) -> None:
+        self.sandbox = sandbox
+        self.container = container
+        self.sock = sock
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+        self.pending = bytearray()
+        self.eof = False
+
+    @classmethod
+    async def open(cls, sandbox: DockerSandbox, container: _Container, *, mode: str) -> _RunnerExec:
+        """Start the runner in ``container``.
+
+        Raises:
+            SandboxError: the Docker API refused (the container is then marked broken).
+        """
+        argv = sandbox._runner_argv(mode)
+
+        def start() -> socket.socket:
+            api = sandbox._client.api
+            exec_id = api.exec_create(
+                container.id, argv, stdin=True, stdout=True, stderr=True, tty=False,
+                user="0", workdir="/tmp",
+            )["Id"]
+            raw = api.exec_start(exec_id, socket=True)
+            real = getattr(raw, "_sock", raw)
+            sock = socket.socket(fileno=os.dup(real.fileno()))
+            try:
+                raw.close()
+            except OSError:
+                pass
+            return sock
+
+        try:
+            sock = await anyio.to_thread.run_sync(start)
+        except Exception as exc:
+            container.healthy = False
+            raise SandboxError(f"docker sandbox: cannot start an exec: {exc}") from exc
+        sock.setblocking(False)
+        return cls(sandbox, container, sock)
+
+    async def request(
+        self, req: dict[str, Any], code: str, timeout: float
+    ) -> tuple[dict[str, Any], bytes, bytes]:
+        """Send one request and wait for its result: ``(result, stdout bytes, stderr bytes)``.
+
+        Raises:
+            SandboxError: the runner vanished, answered nonsense, or overshot the deadline by more
+                than ``grace_s`` (the container is then marked broken).
+        """
+        data = code.encode("utf-8", "surrogatepass")
+        payload = frame({**req, "code_len": len(data)}) + data
+        try:
+            with anyio.fail_after(timeout + self.sandbox.grace_s):
+                await self._send(payload)
+                result = await self._recv_frame()
+                tail = await self._read_stdout(int(result["out_len"]) + int(result["err_len"]))
+        except TimeoutError as exc:
+            self.container.healthy = False
+            raise SandboxError(
+                f"docker sandbox: the runner did not answer within {timeout + self.sandbox.grace_s:g} s"
+                f"{self._stderr_note()}"
+            ) from exc
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            self.container.healthy = False
+            raise SandboxError(f"docker sandbox: broken runner: {exc!r}{self._stderr_note()}") from exc
+        out_len = int(result["out_len"])
+        return result, tail[:out_len], tail[out_len:]
+
+    async def finish(self, timeout: float = 10.0) -> bool:
+        """Close our side of stdin and wait for the runner to exit; whether it did in time."""
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            return False
+        with anyio.move_on_after(timeout):
+            while not self.eof:
+                await self._read_more()
+            return True
+        return False
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    # -- stream plumbing ----------------------------------------------------------------------
+
+    async def _send(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                n = self.sock.send(view[: 1 << 20])
+            except BlockingIOError:
+                await anyio.wait_writable(self.sock)
+                continue
+            view = view[n:]
+
+    async def _read_more(self) -> None:
+        """Read from the connection and demultiplex Docker's stdout/stderr frames."""
+        try:
+            chunk = self.sock.recv(1 << 16)
+        except BlockingIOError:
+            await anyio.wait_readable(self.sock)
+            return
+        if not chunk:
+            self.eof = True
+            return
+        self.pending += chunk
+        while len(self.pending) >= 8:
+            stream, size = self._HDR.unpack(self.pending[:8])
+            if len(self.pending) < 8 + size:
+                break
+            body = bytes(self.pending[8 : 8 + size])
+            del self.pending[: 8 + size]
+            if stream == 1:
+                self.stdout += body
+            else:
+                self.stderr += body
+                del self.stderr[:-8192]
+
+    async def _read_stdout(self, n: int) -> bytes:
+        while len(self.stdout) < n:
+            if self.eof:
+                raise OSError("the runner exited before it answered")
+            await self._read_more()
+        out = bytes(self.stdout[:n])
+        del self.stdout[:n]
+        return out
+
+    async def _recv_frame(self) -> dict[str, Any]:
+        (n,) = struct.unpack(">I", await self._read_stdout(4))
+        if n > 1 << 20:
+            raise ValueError("frame too large")
+        msg = json.loads(await self._read_stdout(n))
+        if not isinstance(msg, dict) or msg.get("event") != "result":
+            raise ValueError(f"unexpected answer {msg!r}")
+        return msg
+
+    def _stderr_note(self) -> str:
+        text = bytes(self.stderr).decode("utf-8", "replace").strip()
+        return f": {text[-2000:]}" if text else ""
+
+
+class DockerSession:
+    """A session of a :class:`DockerSandbox` (see :class:`agentrl.sandbox.SandboxSession`).
+
+    It holds one container (and one concurrency slot of the sandbox) from :meth:`start` to
+    :meth:`aclose`; its interpreter is a persistent child of a runner in session mode.
+
+    Attributes:
+        restarts: how many times the interpreter was started afresh after losing its state.
+    """
+
+    def __init__(self, sandbox: DockerSandbox, memory_mb: int) -> None:
+        self.sandbox = sandbox
+        self.memory_mb = memory_mb
+        self.restarts = 0
+        self._container: _Container | None = None
+        self._runner: _RunnerExec | None = None
+        self._slot: Any = None
+        self._closed = False
+
+    async def __aenter__(self) -> DockerSession:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Take a container and start the session's runner (``async with`` does this)."""
+        sb = self.sandbox
+        if self._closed or sb._closed:
+            raise SandboxError("docker session: the session or its sandbox is closed")
+        if self._container is None:
+            limiter = sb._limiter.get()
+            await limiter.acquire_on_behalf_of(self)
+            self._slot = limiter
+            try:
+                self._container = await sb._acquire()
+            except BaseException:
+                limiter.release_on_behalf_of(self)
+                self._slot = None
+                raise
+        sb._sessions.add(self)
+        if self._runner is None:
+            try:
+                self._runner = await _RunnerExec.open(sb, self._container, mode="session")
+            except SandboxError:
+                await self.aclose()
+                raise
+
+    async def run(
+        self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None
+    ) -> ExecResult:
+        """Run one cell; see :meth:`agentrl.sandbox.SandboxSession.run`."""
+        sb = self.sandbox
+        if self._closed or sb._closed:
+            raise SandboxError("docker session: run called after aclose()")
+        timeout, memory = _run_settings(timeout_s, memory_mb, sb.timeout_s, self.memory_mb)
+        limits = _Limits.for_run(
+            timeout_s=timeout, memory_mb=min(memory, self.memory_mb), max_processes=sb.max_processes
+        )
+        if self._runner is None:
+            await self.start()
+        assert self._runner is not None
+        req = sb._request(
+            "cell", limits, timeout, session_memory_bytes=self.memory_mb * 1024 * 1024
+        )
+        started_at = time.monotonic()
+        try:
+            answer = await self._runner.request(req, code, timeout)
+            answer[0]["wall_s"] = time.monotonic() - started_at
+        except SandboxError:
+            await self.aclose()
+            raise
+        result = sb._result(answer, what="docker session")
+        if result.state_lost:
+            self.restarts += 1
+        return result
+
+    async def aclose(self) -> None:
+        """End the interpreter, wait for the runner's clean-up, and give the container back
+        (a container that did not clean up in time is removed instead)."""
+        self._closed = True
+        sb = self.sandbox
+        sb._sessions.discard(self)
+        runner, self._runner = self._runner, None
+        container, self._container = self._container, None
+        if runner is not None:
+            with anyio.CancelScope(shield=True):
+                clean = await runner.finish()
+            runner.close()
+            if container is not None and not clean:
+                container.healthy = False
+        if container is not None:
+            with anyio.CancelScope(shield=True):
+                await sb._release(container)
+        if self._slot is not None:
+            self._slot.release_on_behalf_of(self)
+            self._slot = None
+
+
+def _main(argv: Sequence[str]) -> int:
+    """``python -m agentrl.sandbox.docker build-image``: build the image if missing, print it."""
+    if list(argv) != ["build-image"]:
+        print("usage: python -m agentrl.sandbox.docker build-image", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    try:
+        tag = ensure_image()
+    except SandboxError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"{tag} ({time.monotonic() - started:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))

@@ -1,0 +1,131 @@
+"""Sessions (:class:`agentrl.sandbox.SandboxSession`) on every backend, on asyncio and trio."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from agentrl.errors import SandboxError
+from agentrl.sandbox import ExecResult, SandboxSession, supports_sessions
+
+from .conftest import BACKENDS, arun, comm_code, wait_none_named
+
+SandboxOf = Callable[[str], Any]
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_state_survives_between_cells(sandbox_of: SandboxOf, kind: str, loop: str) -> None:
+    sb = sandbox_of(kind)
+    assert supports_sessions(sb)
+
+    async def go() -> list[ExecResult]:
+        async with sb.session() as s:
+            assert isinstance(s, SandboxSession)
+            return [
+                await s.run("import math\nx = 41\ndef f(y):\n    return y + 1\n"),
+                await s.run("x = f(x)\nprint(x, math.pi > 3)"),
+                await s.run("open('notes.txt', 'w').write('kept')"),
+                await s.run("print(open('notes.txt').read())"),
+                await s.run("import sys\nsys.exit(3)"),  # ends the cell, not the session
+                await s.run("print(x)"),
+                await s.run("f(None)"),
+            ]
+
+    define, use, write, read, exited, after_exit, error = arun(go, loop)
+    assert define.ok and define.stdout == "", define
+    assert use.ok and use.stdout == "42 True\n", use
+    assert write.ok and read.stdout == "kept\n", read
+    assert exited.exit_code == 3 and not exited.state_lost, exited
+    assert after_exit.ok and after_exit.stdout == "42\n", after_exit
+    assert error.exit_code == 1 and not error.state_lost
+    assert 'File "cell1.py", line 4, in f' in error.stderr and "TypeError" in error.stderr, error
+    assert all(not r.state_lost and not r.timed_out for r in (define, use, write, read))
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_deadline_ends_the_state_and_the_session_starts_over(sandbox_of: SandboxOf, kind: str) -> None:
+    sb = sandbox_of(kind)
+    name = "agt" + uuid.uuid4().hex[:12]
+
+    async def go() -> list[ExecResult]:
+        async with sb.session() as s:
+            return [
+                await s.run("x = 1"),
+                await s.run(comm_code(name) + "import time\nwhile True:\n    time.sleep(0.1)", timeout_s=1),
+                await s.run("print('x' in globals())"),
+                await s.run("x = 2\nprint(x)"),
+            ]
+
+    t0 = time.monotonic()
+    first, stuck, fresh, again = arun(go)
+    assert time.monotonic() - t0 < 15
+    assert first.ok and not first.state_lost
+    assert stuck.timed_out and stuck.state_lost and stuck.exit_code is None, stuck
+    assert fresh.ok and fresh.stdout == "False\n" and not fresh.state_lost, fresh
+    assert again.ok and again.stdout == "2\n"
+    assert wait_none_named(name) == []
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_dying_interpreter_loses_the_state(sandbox_of: SandboxOf, kind: str) -> None:
+    sb = sandbox_of(kind)
+
+    async def go() -> list[ExecResult]:
+        async with sb.session() as s:
+            return [
+                await s.run("x = 1"),
+                await s.run("import os\nprint('bye', flush=True)\nos._exit(7)"),
+                await s.run("print('x' in globals())"),
+                await s.run("big = bytearray(1 << 34)"),  # a MemoryError is an ordinary result
+                await s.run("print('alive')"),
+            ]
+
+    first, died, fresh, memory, alive = arun(go)
+    assert died.exit_code == 7 and died.state_lost and died.stdout == "bye\n", died
+    assert fresh.ok and fresh.stdout == "False\n"
+    assert memory.memory_exceeded and not memory.state_lost, memory
+    assert alive.ok and alive.stdout == "alive\n"
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_cell_leftovers_are_killed_and_close_ends_everything(sandbox_of: SandboxOf, kind: str) -> None:
+    sb = sandbox_of(kind)
+    name = "agt" + uuid.uuid4().hex[:12]
+
+    async def go() -> tuple[ExecResult, ExecResult]:
+        s = sb.session()
+        async with s:
+            spawn = await s.run(
+                comm_code(name) + "import subprocess, sys\n"
+                "p = subprocess.Popen([sys.executable, '-S', '-c', 'import time; time.sleep(60)'])\n"
+                "print('spawned')\n"
+            )
+            after = await s.run("print(p.poll() is not None)")  # the cell's child was killed
+        with pytest.raises(SandboxError):
+            await s.run("print(1)")
+        return spawn, after
+
+    spawn, after = arun(go)
+    assert spawn.ok and spawn.stdout == "spawned\n", spawn
+    assert after.ok and after.stdout == "True\n", after
+    assert wait_none_named(name) == []
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_session_output_is_capped_per_cell(sandbox_of: SandboxOf, kind: str) -> None:
+    sb = sandbox_of(kind)
+
+    async def go() -> tuple[ExecResult, ExecResult]:
+        async with sb.session() as s:
+            big = await s.run("print('y' * 100_000)")
+            small = await s.run("print('z')")
+        return big, small
+
+    big, small = arun(go)
+    assert big.ok and big.stdout_truncated and len(big.stdout) == sb.max_output_bytes
+    assert small.ok and small.stdout == "z\n" and not small.stdout_truncated

@@ -1,0 +1,174 @@
+"""Warm bubblewrap workers: preloaded modules, fresh state per execution, replacement of broken
+workers, infrastructure failures as SandboxError, bounded concurrency, and the speed-up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pytest
+
+from agentrl.errors import SandboxError
+from agentrl.sandbox import BubblewrapSandbox, ExecResult, create_sandbox
+
+from .conftest import arun, run
+
+SandboxOf = Callable[[str], Any]
+SOLVE = "import sympy\nx = sympy.Symbol('x')\nprint(sympy.solve(x**2 - 5*x + 6, x))\n"
+
+
+def light(**kwargs: Any) -> BubblewrapSandbox:
+    """A warm sandbox whose workers start fast (nothing to import)."""
+    return BubblewrapSandbox(preload=[], warmup="", timeout_s=5.0, **kwargs)
+
+
+def kill_worker(sb: BubblewrapSandbox) -> None:
+    worker = next(iter(sb._workers))
+    assert worker.proc is not None
+    os.killpg(worker.proc.pid, signal.SIGKILL)
+    worker.proc.wait()
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_warm_worker_has_the_modules_already(sandbox_of: SandboxOf, loop: str) -> None:
+    sb = sandbox_of("bubblewrap-warm")
+    before = sb.stats.warm_runs
+    r = run(sb, "import sys\nprint('sympy' in sys.modules, 'numpy' in sys.modules)\n" + SOLVE, loop)
+    assert r.ok and r.stdout == "True True\n[2, 3]\n", r
+    assert sb.stats.warm_runs == before + 1 and sb.stats.cold_runs == 0
+
+
+def test_every_execution_starts_from_the_warm_state(sandbox_of: SandboxOf) -> None:
+    sb = sandbox_of("bubblewrap-warm")
+    poison = "import sympy, numpy, sys\nsympy.solve = None\nsys.modules.pop('numpy')\nX = 1\n"
+    assert run(sb, poison).ok
+    check = (
+        "import sympy, sys, numpy\n"
+        "print(sympy.solve is not None, 'numpy' in sys.modules, 'X' in globals())\n"
+        "print(numpy.random.randint(1 << 30))\n"
+    )
+    first, second = run(sb, check), run(sb, check)
+    assert first.stdout.splitlines()[0] == "True True False", first
+    # The global RNG is reseeded in every execution (forks would otherwise repeat its numbers).
+    assert first.stdout.splitlines()[1] != second.stdout.splitlines()[1]
+
+
+def test_warm_is_much_faster_than_a_fresh_interpreter_for_sympy(sandbox_of: SandboxOf) -> None:
+    warm, cold = sandbox_of("bubblewrap-warm"), sandbox_of("bubblewrap-exec")
+
+    def median_s(sb: Any, n: int) -> float:
+        times = []
+        for _ in range(n):
+            r = run(sb, SOLVE)
+            assert r.ok and r.stdout == "[2, 3]\n", r
+            times.append(r.wall_s)
+        return statistics.median(times)
+
+    warm_s, cold_s = median_s(warm, 5), median_s(cold, 3)
+    assert warm_s * 5 < cold_s, (warm_s, cold_s)  # about 20x on an idle machine
+
+
+def test_crashed_worker_is_replaced() -> None:
+    async def go() -> list[ExecResult]:
+        async with light(max_concurrency=1) as sb:
+            await sb.start()
+            first = await sb.run("print(1)")
+            kill_worker(sb)  # dies between executions
+            # Found dead and replaced; while the replacement starts, runs use their own container.
+            second = await sb.run("print(2)")
+            assert sb.stats.workers_replaced == 1 and sb.stats.workers_started == 2, sb.stats
+            await sb.start()
+            third = await sb.run("print(3)")
+            assert sb.stats.warm_runs == 2, sb.stats
+            return [first, second, third]
+
+    assert [r.stdout for r in arun(go)] == ["1\n", "2\n", "3\n"]
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_worker_dying_mid_execution_is_a_sandbox_error(loop: str) -> None:
+    async def go() -> ExecResult:
+        async with light(max_concurrency=1) as sb:
+            await sb.start()
+            errors: list[BaseException] = []
+
+            async def victim() -> None:
+                try:
+                    await sb.run("import time\ntime.sleep(30)")
+                except SandboxError as exc:
+                    errors.append(exc)
+
+            t0 = time.monotonic()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(victim)
+                await anyio.sleep(0.5)
+                kill_worker(sb)
+            assert time.monotonic() - t0 < 5
+            assert len(errors) == 1 and "died" in str(errors[0]), errors
+            return await sb.run("print('replaced')")  # the sandbox carries on
+
+    assert arun(go, loop).stdout == "replaced\n"
+
+
+def test_worker_that_cannot_start_is_a_sandbox_error() -> None:
+    async def go() -> None:
+        async with BubblewrapSandbox(preload=["agentrl_no_such_module"], max_concurrency=1) as sb:
+            await sb.start()
+
+    with pytest.raises(SandboxError, match="agentrl_no_such_module"):
+        arun(go)
+
+
+def test_warm_up_failure_is_a_sandbox_error() -> None:
+    async def go() -> None:
+        async with BubblewrapSandbox(preload=[], warmup="1/0", max_concurrency=1) as sb:
+            await sb.start()
+
+    with pytest.raises(SandboxError, match="ZeroDivisionError"):
+        arun(go)
+
+
+def test_runs_before_the_workers_are_ready_use_their_own_container() -> None:
+    async def go() -> tuple[ExecResult, BubblewrapSandbox]:
+        sb = BubblewrapSandbox(max_concurrency=1)  # numpy and sympy: ~1 s to import
+        async with sb:
+            r = await sb.run("print('early')")
+            await sb.start()
+            late = await sb.run("print('late')")
+            assert late.stdout == "late\n"
+        return r, sb
+
+    r, sb = arun(go)
+    assert r.stdout == "early\n" and sb.stats.cold_runs == 1 and sb.stats.warm_runs == 1
+
+
+def test_concurrency_is_bounded() -> None:
+    async def go() -> tuple[float, int]:
+        async with light(max_concurrency=2) as sb:
+            await sb.start()
+
+            async def one() -> None:
+                assert (await sb.run("import time\ntime.sleep(0.3)")).ok
+
+            t0 = time.monotonic()
+            async with anyio.create_task_group() as tg:
+                for _ in range(6):
+                    tg.start_soon(one)
+            return time.monotonic() - t0, len(sb._workers)
+
+    elapsed, workers = arun(go)
+    assert elapsed >= 0.9 and workers == 2  # 6 runs of 0.3 s through 2 slots: three rounds
+
+
+def test_engine_style_construction() -> None:
+    sb = create_sandbox("bubblewrap", max_concurrency=2, timeout_s=3.0, memory_mb=256)
+    assert isinstance(sb, BubblewrapSandbox) and sb.warm and sb.max_concurrency == 2
+    arun(sb.aclose)
+    cold = create_sandbox("bubblewrap", warm=False)
+    assert isinstance(cold, BubblewrapSandbox) and not cold.warm
+    arun(cold.aclose)
