@@ -157,12 +157,16 @@ class TextEnv(gymnasium.Env[list[Message], str]):
       ``"truncated"`` (the turn limit was reached),
       ``"infra_failure"`` (a sandbox or other infrastructure failed: discard the episode),
       ``"malformed"`` (the action held a malformed tool call; the environment answered with
-      feedback and the episode goes on);
+      feedback and the episode goes on). A step that **ends** the episode has status ``"ok"``,
+      ``"truncated"`` or ``"infra_failure"`` (the engine turns it into the trajectory's status);
     - ``"infra_failure"``: ``bool``, true iff ``status == "infra_failure"``; then ``"error"``
       (``str``) says what failed;
     - ``"tool_calls"``: ``int``, tool calls the model made so far in this episode (well formed or not);
     - ``"tool_errors"``: ``int``, how many of those failed (malformed call, code that raised,
       timed out or ran out of memory).
+
+    Environments may add keys; :class:`~agentrl.envs.tool_env.ToolEnv` adds ``"end_reason"`` to
+    the step that ends an episode.
 
     **reset(seed=None, options=None)** — ``options["row"]`` is the dataset row (a ``dict``) the
     episode is about. Without it the environment draws a row with its own seeded RNG
