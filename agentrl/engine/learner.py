@@ -2,10 +2,13 @@
 
 ``Learner`` is a plain class (one per process); the controller wraps it as a Ray actor and calls
 every rank's method at the same time (they run collectives together). The model is wrapped per
-decoder layer with ``torch.distributed.fsdp.fully_shard``; the process group is ``gloo`` on CPU
-and ``nccl`` on GPU. On GPU, a ``bfloat16``/``float16`` dtype means mixed precision: float32
+decoder layer with ``torch.distributed.fsdp.fully_shard`` (with one rank, a single unit around the
+whole model: there is nothing to shard, and per-layer units cost ~20% of a tiny model's step in
+hooks and copies); the process group is ``gloo`` on CPU
+and ``nccl`` on GPU. On GPU, the ``bfloat16`` dtype means mixed precision: float32
 master weights and optimizer state, compute in the low dtype, gradients reduced in float32. On
-CPU everything is float32 (so that learner and generator log-probs can be compared).
+CPU, and for ``float16`` (which would need loss scaling), everything is float32 (on CPU this keeps
+learner and generator log-probs comparable).
 
 A training sample is a dict with ``tokens``, ``loss_mask``, ``behaviour_logprobs`` (per token,
 as in :class:`~agentrl.engine.trajectory.Trajectory`), ``advantage`` (one float) and optionally
@@ -322,7 +325,8 @@ class Learner:
             )
         except Exception as exc:
             raise LearnerError(f"rank {self.rank}: cannot join the process group: {exc}") from exc
-        mixed = on_gpu and self.dtype in (torch.bfloat16, torch.float16)
+        # bfloat16 on GPU: mixed precision. float16 would need loss scaling; it trains in float32.
+        mixed = on_gpu and self.dtype == torch.bfloat16
         mp = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32) if mixed else MixedPrecisionPolicy()
 
         def build(name: str, dtype: torch.dtype, trainable: bool) -> Any:
@@ -340,14 +344,16 @@ class Learner:
                 lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if not trainable:
                 policy.requires_grad_(False)
-            for layer in _decoder_layers(lm):
-                fully_shard(layer, mp_policy=mp if trainable else MixedPrecisionPolicy())
-            fully_shard(policy, mp_policy=mp if trainable else MixedPrecisionPolicy())
+            policy_mp = mp if trainable else MixedPrecisionPolicy()
+            if self.world_size > 1:  # one rank has nothing to shard: per-layer units would only add hooks and copies
+                for layer in _decoder_layers(lm):
+                    fully_shard(layer, mp_policy=policy_mp)
+            fully_shard(policy, mp_policy=policy_mp)
             return policy
 
         self.policy = build(self.model_name, torch.float32, True)  # float32 master weights
         if self.objective.kl_coef > 0:
-            self.reference = build(self.reference_name, self.dtype if on_gpu else torch.float32, False)
+            self.reference = build(self.reference_name, self.dtype if mixed else torch.float32, False)
             self.reference.eval()
         self.config = self.policy.lm.config
         self.vocab_size = int(self.config.vocab_size)
