@@ -1,63 +1,113 @@
 """Sandboxes that execute model-written Python, and their threat model.
 
-Use :func:`create_sandbox` (``"bubblewrap"`` for anything real, ``"unsafe-local"`` only to debug)
-and ``await sandbox.run(code)``, which returns an :class:`ExecResult`. Code that raises, hangs or
-exhausts memory is an ordinary result; only a broken sandbox raises
-:class:`agentrl.errors.SandboxError`.
+Use :func:`create_sandbox` and ``await sandbox.run(code)``, which returns an :class:`ExecResult`;
+``async with sandbox.session() as s: await s.run(...)`` keeps an interpreter's state across calls
+within one episode (:class:`SandboxSession`). Code that raises, hangs or exhausts memory is an
+ordinary result; only a broken sandbox raises :class:`agentrl.errors.SandboxError` (an
+infrastructure failure: the episode is kept out of the loss, never scored as a wrong answer).
 
-Threat model (:class:`BubblewrapSandbox`)
------------------------------------------
+Backends (``kind`` of :func:`create_sandbox`):
+
+* ``"bubblewrap"`` (:class:`BubblewrapSandbox`, the default): Linux namespaces with bubblewrap.
+  ``warm=True`` (default): warm fork-server workers with numpy and sympy already imported; an
+  execution costs a few milliseconds (no interpreter start, no imports). ``warm=False``: one
+  ``bwrap`` container and fresh interpreter per execution (~30 ms plus imports).
+* ``"docker"`` (:class:`~agentrl.sandbox.docker.DockerSandbox`): a pool of locked-down containers
+  on a local Docker engine, one ``docker exec`` per execution (~100 ms plus imports).
+* ``"unsafe-local"`` (:class:`UnsafeLocalSandbox`): a plain subprocess with rlimits and a clean
+  environment and NO isolation, to debug on machines without bubblewrap or Docker.
+
+Threat model
+------------
 The adversary is the code itself: written by a model that may have learned to game its reward or
-to damage the host, and run many thousands of times. Each execution is a fresh ``bwrap``
-container; nothing persists between executions.
+to damage the host, and run millions of times. Each property below is attacked by a test in
+``tests/sandbox/test_threat_model.py`` on every backend for which it is claimed (``bwrap``: both
+bubblewrap modes; ``docker``; ``local``: unsafe-local). After each attack the test also checks that
+the result says what happened, that no process of the attack is left on the host, and that the
+sandbox keeps working.
 
 Covered:
 
-* **No network.** A network namespace of its own with only a loopback interface: no route to the
-  internet, the host's loopback services, or other executions.
-* **Private namespaces.** PID (it sees only its own processes and cannot signal others), IPC, UTS
-  (hostname ``sandbox``), mount, cgroup (where available) and user namespaces.
-* **A minimal, read-only filesystem.** An empty root that holds only read-only binds of what the
+* **Fork bomb** (bwrap, docker; ``test_fork_bomb``). A process limit per execution:
+  ``RLIMIT_NPROC`` counted in a user namespace of the execution's own (bwrap), the container's PID
+  cgroup limit (docker); the deadline then kills the whole tree.
+* **Memory bomb** (all; ``test_memory_bomb``). ``RLIMIT_AS`` per process (``memory_mb``; in warm
+  mode on top of the warm interpreter's own address space): allocations fail with
+  ``MemoryError`` and ``memory_exceeded`` is set; docker adds a cgroup memory limit per container
+  (no swap). A process killed by SIGKILL the sandbox did not send also counts as memory exceeded.
+* **Infinite loop; sleeping past the deadline** (all; ``test_infinite_loop``,
+  ``test_sleeping_past_the_deadline``). A wall-clock deadline per execution (``timeout_s``), plus
+  ``RLIMIT_CPU`` just above it; output written before the deadline is kept, ``timed_out`` is set.
+* **Busy children outliving the parent** (bwrap, docker; ``test_busy_children_outliving_the_parent``).
+  Every execution has a PID namespace (bwrap) or container (docker) of its own; when the code's
+  main process ends, everything else in it is SIGKILLed (daemons, new sessions included) before
+  the result is returned.
+* **A process ignoring SIGTERM** (all; ``test_process_ignoring_sigterm``). The sandbox only ever
+  sends SIGKILL: to the execution's PID namespace (bwrap), every process of the container but its
+  init (docker), the process group (local).
+* **Network** (bwrap, docker; ``test_network_connect``): no network at all, only a loopback
+  interface of the execution's own (bwrap: the worker's, or the session's own; docker: the
+  container's) - no route to the internet, the host's loopback services or other executions.
+* **The host's secrets** (``test_reading_host_environment``: all; ``test_reading_host_files``:
+  bwrap, docker). No host environment variable reaches the code (only ``PATH``, ``HOME``,
+  ``LANG``, ``PYTHONDONTWRITEBYTECODE``, and ``TMPDIR`` for local); no host process is visible
+  (PID namespace); the filesystem is an empty root with read-only binds of only what the
   interpreter needs (``/usr``, the ``/bin``, ``/lib``, ``/lib64`` links, ``/etc/alternatives``,
-  ``/etc/ld.so.cache`` and the interpreter's installation prefix), a private ``/proc``, a minimal
-  ``/dev`` (``null``, ``zero``, ``full``, ``random``, ``urandom``, ``tty``, a private ``shm``) and
-  a private size-capped tmpfs ``/tmp`` (the working directory and ``HOME``), discarded after each
-  execution. Home directories, the repository, credentials, ``/etc`` at large and the host's
-  sockets are not there at all. Only the standard library is importable (``python -I -S``: no
-  site-packages).
-* **Clean environment.** No host environment variable reaches the code (only ``PATH``,
-  ``HOME=/tmp``, ``LANG=C.UTF-8``, ``PYTHONDONTWRITEBYTECODE=1``), and Python runs in isolated mode
-  (``-I``: no ``PYTHON*`` variables, no user site-packages, no current directory on ``sys.path``).
-* **Unprivileged identity.** Uid/gid 65534 inside, mapped to host uid 65534 when the engine runs as
-  root (otherwise to the caller's uid), no capabilities, ``no_new_privs``, a new session (no
-  terminal injection).
-* **Resource limits** per process (rlimits): CPU seconds (just above the deadline), address space
-  (``memory_mb``: allocations beyond it raise ``MemoryError``), file size, open files, number of
-  processes/threads (``max_processes``, counted per execution), no core dumps.
-* **Deadline.** At ``timeout_s`` (wall clock) bwrap is SIGKILLed; as PID 1 of the execution's PID
-  namespace dies with it, the kernel kills every process the code started, daemons included. The
-  same happens when the code's main process exits, and when the engine process dies
-  (``--die-with-parent``). Output is capped per stream and read concurrently, so the code cannot
-  block on a full pipe or flood the engine's memory.
+  ``/etc/ld.so.cache``, the interpreter's prefix, the configured site-packages at ``/opt/site/<i>``):
+  home directories, the repository, credentials, ``/etc`` at large and the host's sockets (the
+  Docker socket included) are not there at all.
+* **Writing outside the private tmp** (bwrap, docker; ``test_writing_outside_private_tmp``). The root
+  and every bind are read-only; ``/tmp`` (the working directory and ``HOME``) is a size-capped
+  tmpfs of the execution's own; ``RLIMIT_FSIZE`` caps single files.
+* **Gigantic output** (all; ``test_gigantic_output``). Each stream is read concurrently and cut to
+  ``max_output_bytes`` (``stdout_truncated``/``stderr_truncated``); the rest is read and dropped, so
+  the code never blocks on a full pipe and the engine's memory stays bounded.
+* **Deleting or replacing the worker's own files** (bwrap, docker;
+  ``test_deleting_or_replacing_the_workers_files``). The interpreter, its libraries and the
+  preloaded packages are read-only binds; the warm server's code is passed on its command line;
+  each execution is a fresh fork, so even changes in memory (``sympy.solve = None``) die with it.
+  A worker or container that dies anyway is replaced (``tests/sandbox/test_warm.py``,
+  ``tests/sandbox/test_docker.py``).
+* **State leaking between executions and between sessions** (bwrap, docker;
+  ``test_no_state_between_executions``, ``test_no_state_between_sessions``). bwrap: fresh mount,
+  IPC and PID namespaces (fresh ``/tmp``, ``/dev/shm``, System V IPC) per execution and per session,
+  and a network namespace of its own per session; docker: one execution or session per container
+  at a time, and afterwards every process is killed and ``/tmp``, ``/dev/shm``, ``/dev/mqueue`` and
+  System V IPC objects are wiped before the container is reused.
+* **Unprivileged identity** (bwrap, docker; ``tests/sandbox/test_bubblewrap.py``,
+  ``test_docker.py``): uid/gid 65534 (host uid 65534), no capabilities, ``no_new_privs``, a session
+  of its own (no terminal injection).
 
 Not covered:
 
-* **Kernel exploits.** The code shares the host kernel and its full system-call surface (no seccomp
-  filter); a kernel bug (in user namespaces, say) can give it the host. Use a VM (gVisor,
-  Firecracker) where that matters.
+* **Kernel exploits.** The code shares the host kernel and its system-call surface (no seccomp
+  filter of ours; Docker applies its default one); a kernel bug (in user namespaces, say) can give
+  it the host. Use a VM (gVisor, Firecracker) where that matters.
 * **Side channels** (timing, caches, Spectre-class speculation) and covert channels between
-  concurrent executions, or with the host (CPU load, memory pressure).
-* **Resource fairness beyond rlimits.** No cgroups: memory limits are per process (a program may
-  fork up to ``max_processes`` processes of ``memory_mb`` each), tmpfs pages count against host
-  memory, CPU is shared with the host and other executions, disk and kernel memory are not metered.
-* **What is readable.** Everything under the bound paths is readable (``/usr``, the interpreter
-  prefix); do not keep secrets there.
-* **Bugs in bubblewrap** and in the host's configuration (e.g. a world-writable bound path).
-* **The result's honesty.** The code controls its own stdout/stderr/exit status; verifiers must
-  not trust them beyond what they check.
+  concurrent executions or with the host (CPU load, memory pressure, the page cache).
+* **Resource fairness beyond the limits.** bwrap has no cgroups: memory is limited per process (a
+  program may fork up to ``max_processes`` processes of ``memory_mb`` each), tmpfs pages count
+  against host memory, CPU is shared with the host and other executions. Disk and kernel memory
+  are not metered. Docker's cgroup limits are per container.
+* **What is readable.** Everything under the bound paths (``/usr``, the interpreter prefix, the
+  site-packages directories) is readable: do not keep secrets there.
+* **Determinism and secrecy of the warm state.** Warm executions are forks of one interpreter:
+  they share its hash seed (``hash()`` of a string is the same in every execution of a worker) and
+  anything the warm-up computed; ``random`` and numpy's global generator are reseeded per execution.
+* **Bugs in bubblewrap, Docker, runc** and in the host's configuration (e.g. a world-writable bound
+  path). In Docker the runner that supervises an execution is uid 0 of the container with
+  ``CAP_SETUID``, ``CAP_SETGID`` and ``CAP_KILL`` only (the code cannot signal or trace it); the
+  containers need a local engine, whose socket is never exposed to them.
+* **Concurrent executions within one Docker session** are not supported; a session holds its
+  container and one concurrency slot until it is closed.
+* **The result's honesty.** The code controls its own stdout/stderr/exit status (and, in a session
+  or a warm execution, can write to its own control channel: all it can do there is misreport or end
+  its own execution); verifiers must not trust results beyond what they check.
 
-:class:`UnsafeLocalSandbox` covers none of the isolation above (only the rlimits, the clean
-environment and the process-group kill): it is for debugging on machines without bubblewrap.
+:class:`UnsafeLocalSandbox` covers only the rlimits (memory, CPU, file size; not the process count
+under root), the clean environment, the deadline, output caps and the process-group kill: the code
+runs as the calling user, sees and can modify every file that user can, can use the network and
+escape its process group. It is for debugging only.
 """
 
 from __future__ import annotations

@@ -8,22 +8,25 @@ needed, Python >= 3.9). Host-side counterparts live in :mod:`agentrl.sandbox._tr
 Modes (``sys.argv[1]``):
 
 ``server`` (bubblewrap warm worker; runs as uid 0 of a user namespace of its own with
-    ``CAP_SETUID``, ``CAP_SETGID``, ``CAP_SYS_ADMIN``, ``CAP_NET_ADMIN`` over that namespace only)
-    Imports the configured modules, runs the warm-up code, freezes the heap (``gc.freeze``) and
-    answers requests on the control socket (fd from the config, ``SOCK_SEQPACKET``):
+    ``CAP_SETUID``, ``CAP_SETGID``, ``CAP_SETFCAP``, ``CAP_SYS_ADMIN``, ``CAP_SYS_CHROOT`` and
+    ``CAP_NET_ADMIN`` over its own namespaces only)
+    First forks ``F``, the *init factory*, while it is still small; then imports the configured
+    modules, runs the warm-up code, freezes the heap (``gc.freeze``) and answers requests on the
+    control socket (fd from the config, ``SOCK_SEQPACKET``, frames):
     ``{"op": "take", "kind": "exec" | "session"}`` -> ``{"event": "tree", "pid": n}`` with two
-    descriptors attached: the host's end of a stream socket to the new *tree*, and a pidfd of the
-    tree's init. An ``exec`` tree is forked ahead of the request (the next one is forked right after
-    a tree is handed out), so a request never waits for a fork.
+    descriptors attached: the host's end of the new *tree*'s channel and a pidfd of the tree's
+    init. ``exec`` trees are forked ahead of requests (``prefork`` of them are kept ready).
 
-    A *tree* is: ``I``, pid 1 of a fresh PID namespace, in fresh mount and IPC namespaces (and a
-    fresh network namespace, loopback only, for sessions) with a fresh size-capped tmpfs on
-    ``/tmp`` and ``/dev/shm`` and a ``/proc`` of its own; and ``U``, forked by ``I``, in a user
-    namespace of its own (so that ``RLIMIT_NPROC`` counts the tree's processes only) as uid/gid
-    65534 with no capabilities. ``U`` runs the code; when it exits, ``I`` SIGKILLs everything else
-    in the namespace, reports ``{"event": "exit", "status": <wait status>}`` and exits, which
-    makes the kernel reap the whole namespace. The host kills a tree at its deadline by sending
-    SIGKILL to ``I`` through the pidfd.
+    A *tree* is: ``I``, forked by ``F`` (cheap: ``F`` is small), pid 1 of a fresh PID namespace
+    with fresh mount and IPC namespaces (and a fresh network namespace, loopback only, for
+    sessions), a fresh size-capped tmpfs on ``/tmp`` and ``/dev/shm`` and a ``/proc`` of its own;
+    ``I`` only reaps orphans. And ``U``, forked by the (big, warm) server into ``I``'s namespaces
+    (``setns``), in a user namespace of its own (so that ``RLIMIT_NPROC`` counts the tree's
+    processes only) as uid/gid 65534 with no capabilities, waiting for its request. ``U`` runs the
+    code, kills every other process of the tree, reports ``{"event": "exit", "status": ...}``
+    and exits; the server reaps ``U``, reports its real status too (also when ``U`` died without
+    reporting) and SIGKILLs ``I``, which ends the namespace. The host kills a tree at its deadline
+    by sending SIGKILL to ``I`` through the pidfd.
 
 ``runner`` (Docker: started per execution or per session by ``docker exec`` as uid 0 with only
     ``CAP_SETUID``, ``CAP_SETGID``, ``CAP_KILL``)
@@ -766,7 +769,8 @@ def server_main(cfg):
                     pass
                 os.close(ipidfd)
 
-    ready = fork_tree("exec")
+    depth = max(1, int(cfg.get("prefork", 1)))
+    ready = [fork_tree("exec") for _ in range(depth)]
     ctl.send(frame({"event": "ready", "loaded": loaded, "skipped": skipped}))
     sel = selectors.DefaultSelector()
     sel.register(ctl, selectors.EVENT_READ)
@@ -781,7 +785,7 @@ def server_main(cfg):
                 if msg.get("op") == "take":
                     kind = msg.get("kind", "exec")
                     if kind == "exec":
-                        tree, ready = ready, None
+                        tree = ready.pop(0) if ready else fork_tree("exec")
                     else:
                         tree = fork_tree(kind)
                     pid, host_end, pidfd = tree
@@ -789,8 +793,8 @@ def server_main(cfg):
                         ctl, [frame({"event": "tree", "pid": pid})], [host_end.fileno(), pidfd]
                     )
                     host_end.close()
-                    if ready is None:
-                        ready = fork_tree("exec")
+                    if len(ready) < depth and not sel.select(0):  # refill unless asked again
+                        ready.append(fork_tree("exec"))
                 elif msg.get("op") == "ping":
                     ctl.send(frame({"event": "pong"}))
             else:
@@ -800,6 +804,8 @@ def server_main(cfg):
                 except BlockingIOError:
                     pass
             reap()
+        while len(ready) < depth and not sel.select(0):
+            ready.append(fork_tree("exec"))
 
 
 # --------------------------------------------------------------------------------------------

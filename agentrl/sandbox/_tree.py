@@ -23,7 +23,6 @@ from typing import Any
 
 import anyio
 
-from agentrl.errors import SandboxError
 from agentrl.sandbox.base import _DRAIN_GRACE_S, _Capture, _drain, _exited, _kill_group, _Raw
 
 _HDR = struct.Struct(">I")

@@ -447,7 +447,7 @@ class DockerSandbox:
             if not any(_is_within(prefix, b) for b in bound):
                 binds[prefix] = {"bind": prefix, "mode": "ro"}
                 bound.append(prefix)
-        for host, inside in zip(self.site_packages, self._site_inside):
+        for host, inside in zip(self.site_packages, self._site_inside, strict=True):
             binds[host] = {"bind": inside, "mode": "ro"}
         return binds
 

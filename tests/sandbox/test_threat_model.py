@@ -29,7 +29,6 @@ from .conftest import (
     REPO,
     SETTINGS,
     comm_code,
-    processes_named,
     run,
     wait_none_named,
 )
