@@ -14,12 +14,13 @@ the same objective, :func:`agentrl.algos.policy_loss`, everywhere):
 
 Configurations are interleaved, each run ``--repeats`` times for ``--steps`` steps after one
 warm-up step; the table gives medians of wall-clock step time, of process CPU time per step (less
-sensitive to other load on a shared machine) and of tokens/s (all tokens of the batch, prompt and tool
-output included, padding excluded) and ratios. The batch mimics multi-turn episodes: lengths
-drawn log-normally between 48 and ``--max-len`` tokens, a 32-token prompt, then alternating
-model-written (trained) and tool-output segments.
+sensitive to other load on a shared machine) and of tokens/s (all tokens of the batch, prompt and
+tool output included, padding excluded) and ratios, also as the median over repeats of each
+repeat's own ratio (configurations of one repeat run back to back, so load that drifts cancels).
+The batch mimics multi-turn episodes: lengths drawn log-normally between 48 and ``--max-len``
+tokens, a 32-token prompt, then alternating model-written (trained) and tool-output segments.
 
-    .venv/bin/python benchmarks/learner.py --repeats 5
+    .venv/bin/python benchmarks/learner.py --repeats 7 --steps 2
 """
 
 from __future__ import annotations
@@ -177,6 +178,7 @@ def main() -> None:
 
         times: dict[str, list[float]] = {"learner": [], "plain": [], "learner-fixed": []}
         cpu: dict[str, list[float]] = {k: [] for k in times}
+        paired: list[dict[str, float]] = []  # per repeat: plain step time / this configuration's
         learner = new_learner()  # one process group, reused by both learner configurations
         try:
             for rep in range(args.repeats):
@@ -194,7 +196,9 @@ def main() -> None:
                         times[name].append(time.perf_counter() - t0)
                         cpu[name].append(time.process_time() - c0)
                     learner_mod.plan_microbatches = real_plan
-                print(f"repeat {rep + 1}/{args.repeats}: " + ", ".join(f"{k} {tokens / statistics.median(v):,.0f} tok/s" for k, v in times.items()), flush=True)
+                rep_t = {k: statistics.median(v[-args.steps:]) for k, v in times.items()}
+                paired.append({k: rep_t["plain"] / t for k, t in rep_t.items()})
+                print(f"repeat {rep + 1}/{args.repeats}: " + ", ".join(f"{k} {tokens / t:,.0f} tok/s" for k, t in rep_t.items()), flush=True)
         finally:
             learner_mod.plan_microbatches = real_plan
             learner.shutdown()
@@ -207,11 +211,13 @@ def main() -> None:
           f"(median {int(statistics.median(lengths))}), budget {args.budget} tokens/micro-batch, {args.threads} threads, "
           f"{args.repeats} repeats x {args.steps} steps")
     print()
-    print("| configuration | micro-batches | padding | median step (s) | CPU s per step | tokens/s | vs plain loop | vs learner-fixed |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| configuration | micro-batches | padding | median step (s) | CPU s per step | tokens/s | vs plain (medians) "
+          "| vs plain (paired, median of repeats) | vs learner-fixed |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in ("learner", "plain", "learner-fixed"):
+        pair = statistics.median(p[name] for p in paired)
         print(f"| {name} | {n_mb[name]} | {pad[name]:.1%} | {med[name]:.3f} | {med_cpu[name]:.2f} | {tps[name]:,.0f} | "
-              f"{tps[name] / tps['plain']:.2f} | {tps[name] / tps['learner-fixed']:.2f} |")
+              f"{tps[name] / tps['plain']:.2f} | {pair:.2f} | {tps[name] / tps['learner-fixed']:.2f} |")
 
 
 if __name__ == "__main__":
