@@ -319,6 +319,23 @@ def report(args: argparse.Namespace, lat: dict[tuple[str, str], Latency],
                 cells.append("—" if v is None else f"{v:.0f}{ratio}")
             lines.append(f"| {LABELS[kind]} | " + " | ".join(cells) + " |")
         lines.append("")
+    targets = []
+    warm_trivial = lat.get(("bubblewrap-warm", "trivial"))
+    if warm_trivial:
+        p50 = statistics.median(warm_trivial.samples) * 1000
+        targets.append(f"trivial code p50 ≤ 5 ms on warm bubblewrap: {p50:.1f} ms "
+                       f"({'met' if p50 <= 5 else 'not met'}; fastest execution "
+                       f"{min(warm_trivial.samples) * 1000:.1f} ms)")
+    warm_sympy, base_sympy = lat.get(("bubblewrap-warm", "sympy")), lat.get(("subprocess", "sympy"))
+    if warm_sympy and base_sympy:
+        x = statistics.median(base_sympy.samples) / statistics.median(warm_sympy.samples)
+        targets.append(f"sympy ≥ 20× faster than a fresh interpreter: {x:.0f}× "
+                       f"({'met' if x >= 20 else 'not met'})")
+    if leaks:
+        targets.append(f"{leaks['executions']} executions including timeouts leave zero processes: "
+                       f"{leaks['left']} left ({'met' if leaks['left'] == 0 else 'not met'})")
+    if targets:
+        lines += ["Targets of issue 3 in this run: " + "; ".join(targets) + ".", ""]
     if leaks:
         lines += [
             f"Leak check: {leaks['executions']} warm executions at concurrency 4 "

@@ -442,6 +442,9 @@ class BubblewrapSandbox:
                 max_output_bytes=self.max_output_bytes, session=False,
             )
             ok = outcome.error is None
+        except anyio.get_cancelled_exc_class():
+            ok = True  # the tree is killed; the worker itself is fine
+            raise
         finally:
             tree.close()
             self._release(worker, ok)

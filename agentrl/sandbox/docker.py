@@ -281,17 +281,19 @@ class DockerSandbox:
             container = await self._acquire()
             runner: _RunnerExec | None = None
             started_at = time.monotonic()
+            answered = False
             try:
                 runner = await _RunnerExec.open(self, container, mode="oneshot")
                 answer = await runner.request(self._request("exec", limits, timeout), code, timeout)
                 answer[0]["wall_s"] = time.monotonic() - started_at  # docker exec included
-            except SandboxError:
-                container.healthy = False
-                raise
+                answered = True
             finally:
                 if runner is not None:
                     runner.close()
-                await self._release(container)
+                if not answered:  # failed or cancelled: the runner may still be busy in there
+                    container.healthy = False
+                with anyio.CancelScope(shield=True):
+                    await self._release(container)
         return self._result(answer, what="docker sandbox")
 
     async def start(self, containers: int | None = None) -> None:

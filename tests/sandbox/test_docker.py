@@ -151,3 +151,21 @@ def test_image_is_built_from_local_files() -> None:
         capture_output=True, text=True, cwd=REPO, timeout=120,
     )
     assert proc.returncode == 0 and proc.stdout.startswith(image_tag()), proc.stderr
+
+
+def test_cancelled_run_does_not_reuse_its_container() -> None:
+    from agentrl.sandbox.docker import DockerSandbox
+
+    async def go() -> tuple[str, str, ExecResult]:
+        async with DockerSandbox(max_concurrency=1, timeout_s=30.0) as sb:
+            await sb.start()
+            first_id = sb._idle[0].id
+            with anyio.move_on_after(1.0):
+                await sb.run("import time\ntime.sleep(30)")
+                raise AssertionError("should have been cancelled")
+            after = await sb.run("import os\nprint(len([p for p in os.listdir('/proc') if p.isdigit()]))")
+            return first_id, sb._idle[0].id, after
+
+    first_id, second_id, after = arun(go)
+    assert second_id != first_id  # the busy container was removed, not handed out again
+    assert after.ok and int(after.stdout) <= 4, after  # init, runner, code (and its helper)

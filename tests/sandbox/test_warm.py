@@ -172,3 +172,17 @@ def test_engine_style_construction() -> None:
     cold = create_sandbox("bubblewrap", warm=False)
     assert isinstance(cold, BubblewrapSandbox) and not cold.warm
     arun(cold.aclose)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_cancelled_run_keeps_the_worker(loop: str) -> None:
+    async def go() -> tuple[ExecResult, Any]:
+        async with light(max_concurrency=1) as sb:
+            await sb.start()
+            with anyio.move_on_after(0.5):
+                await sb.run("import time\ntime.sleep(30)")
+                raise AssertionError("should have been cancelled")
+            return await sb.run("print('next')"), sb.stats
+
+    r, stats = arun(go, loop)
+    assert r.stdout == "next\n" and stats.workers_replaced == 0 and stats.warm_runs == 2, stats
