@@ -85,6 +85,9 @@ class Controller:
     def __init__(self, recipe: Recipe) -> None:
         self.recipe = recipe
         self.run_dir = recipe.resolved_run_dir()
+        self.published_version = 0
+        """Newest weight version written by the learner (restarted generators load it)."""
+        self._heal_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ set-up
     def _start_ray(self) -> bool:
@@ -182,21 +185,30 @@ class Controller:
             runtime_env={"env_vars": self._env_vars},
         ).remote(settings, timeout_s=g.timeout_s, version=version)
 
-    async def _heal_generators(self, version: int, log: MetricsLogger) -> int:
+    async def _heal_generators(self, version: int, log: MetricsLogger, force: tuple[Any, ...] = ()) -> int:
         """Replace every generator that does not answer a health check with a new one serving the
         current weights (version ``version``); hand the new set to the rollout workers. Returns
         how many were replaced. Episodes that were on a dead generator are already marked
-        ``infra_failure`` by the workers and stay out of the loss."""
+        ``infra_failure`` by the workers and stay out of the loss. ``force`` holds generator handles
+        to replace even if they answer (they failed to load the current weights)."""
+        async with self._heal_lock:  # one repair at a time; a second caller sees the repaired set
+            return await self._heal_locked(version, log, force)
+
+    async def _heal_locked(self, version: int, log: MetricsLogger, force: tuple[Any, ...]) -> int:
         import ray
 
         g = self.recipe.generator
+        version = max(version, self.published_version)  # restart on the newest weights
         replaced = 0
         for i, gen in enumerate(list(self.generators)):
-            try:
-                await asyncio.wait_for(gen.stats.remote(), 30)
-                continue
-            except Exception as exc:  # dead actor, crashed engine, no answer
-                reason = f"{type(exc).__name__}: {str(exc)[:200]}"
+            if any(gen is f for f in force):
+                reason = "it failed to load the current weights"
+            else:
+                try:
+                    await asyncio.wait_for(gen.stats.remote(), 30)
+                    continue
+                except Exception as exc:  # dead actor, crashed engine, no answer
+                    reason = f"{type(exc).__name__}: {str(exc)[:200]}"
             ray.kill(gen, no_restart=True)
             weights = self.run_dir / "weights" / f"v{version:06d}"
             settings = replace(self._engine_settings, model=str(weights) if version > 0 and weights.exists() else self._engine_settings.model)
@@ -341,12 +353,19 @@ class Controller:
             f"publishing version {new_version}",
             LearnerError,
         )
-        stalls = await _timed(
-            asyncio.gather(*[g.update_weights.remote(new_version, str(path)) for g in self.generators]),
-            r.generator.timeout_s,
+        self.published_version = new_version
+        targets = list(self.generators)
+        outcomes = await _timed(
+            asyncio.gather(*[g.update_weights.remote(new_version, str(path)) for g in targets], return_exceptions=True),
+            r.generator.timeout_s + 30,
             f"loading version {new_version} into the generators",
             GeneratorError,
         )
+        stalls = [o for o in outcomes if not isinstance(o, BaseException)]
+        broken = [i for i, o in enumerate(outcomes) if isinstance(o, BaseException)]
+        if broken:  # a generator that cannot take the new weights is replaced by one that has them
+            self.log.event(f"generators {broken} failed to load version {new_version}: {outcomes[broken[0]]!r:.200}")
+            await self._heal_generators(new_version, self.log, force=tuple(targets[i] for i in broken))
         self._prune_versions(new_version)
         m = results[0]
         examples = [
@@ -516,7 +535,7 @@ class Controller:
         r = self.recipe
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "recipe.json").write_text(json.dumps(r.model_dump(mode="json"), indent=2))
-        log = MetricsLogger(self.run_dir)
+        log = self.log = MetricsLogger(self.run_dir)
         rows = load_rows(r.data.source, split=r.data.split, fields=r.data.fields or None, limit=r.data.limit, seed=r.seed)
         model = prepare_model(r, rows, log)
         started_ray = self._start_ray()
