@@ -107,8 +107,9 @@ class EnvConfig(_Section):
 class SandboxConfig(_Section):
     """Where model-written code runs."""
 
-    type: Literal["bubblewrap", "unsafe-local"] = "bubblewrap"
-    """Backend: ``bubblewrap`` (isolated, the default) or ``unsafe-local`` (NO isolation; debugging only)."""
+    type: Literal["bubblewrap", "docker", "unsafe-local"] = "bubblewrap"
+    """Backend: ``bubblewrap`` (isolated, warm interpreters; the default), ``docker`` (a pool of
+    locked-down containers on a local Docker engine) or ``unsafe-local`` (NO isolation; debugging only)."""
     max_concurrency: int = Field(4, gt=0)
     """Executions running at once per rollout worker."""
     timeout_s: float = Field(5.0, gt=0)
