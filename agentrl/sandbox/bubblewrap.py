@@ -76,24 +76,15 @@ from typing import Any
 import anyio
 
 from agentrl.errors import ConfigError, SandboxError, SandboxUnavailable
-from agentrl.sandbox._tree import (
-    GUEST_SOURCE,
-    AsyncConn,
-    Tree,
-    frame,
-    request_header,
-    run_on_tree,
-)
+from agentrl.sandbox._common import _header, _SandboxBase, _TreeSession
+from agentrl.sandbox._tree import GUEST_SOURCE, AsyncConn, Tree, frame, run_on_tree
 from agentrl.sandbox.base import (
     ExecResult,
     _base_python,
-    _check_settings,
     _kill_group,
     _Limits,
-    _LoopLocal,
     _python_argv,
     _run_process,
-    _run_settings,
     _to_result,
 )
 
@@ -180,7 +171,7 @@ class PoolStats:
     workers_replaced: int = 0
 
 
-class BubblewrapSandbox:
+class BubblewrapSandbox(_SandboxBase):
     """Runs code in bubblewrap containers as an unprivileged user (Linux only).
 
     Args:
@@ -235,7 +226,7 @@ class BubblewrapSandbox:
         site_packages: Sequence[str] | None = None,
         startup_timeout_s: float = 120.0,
     ) -> None:
-        _check_settings(
+        self._init_settings(
             max_concurrency=max_concurrency, timeout_s=timeout_s, memory_mb=memory_mb,
             max_output_bytes=max_output_bytes, max_processes=max_processes,
         )
@@ -246,11 +237,6 @@ class BubblewrapSandbox:
         bwrap = shutil.which("bwrap")
         if bwrap is None:
             raise SandboxUnavailable(_INSTALL_HINT)
-        self.timeout_s = float(timeout_s)
-        self.memory_mb = int(memory_mb)
-        self.max_output_bytes = int(max_output_bytes)
-        self.max_processes = int(max_processes)
-        self.max_concurrency = int(max_concurrency)
         self.startup_timeout_s = float(startup_timeout_s)
         self._bwrap = bwrap
         self._python, prefixes = _resolve_python(python)
@@ -272,8 +258,6 @@ class BubblewrapSandbox:
             self.preload = list(preload)
             self._strict_preload = True
         self.warmup = DEFAULT_WARMUP if warmup is None else warmup
-        self._limiter = _LoopLocal(self.max_concurrency)
-        self._closed = False
         self._userns_pool: list[int] = (
             [_new_userns() for _ in range(self.max_concurrency)]
             if self._privileged and not self.warm else []
@@ -285,7 +269,6 @@ class BubblewrapSandbox:
         self._failure: SandboxError | None = None
         #: Counters (see :class:`PoolStats`).
         self.stats = PoolStats()
-        self._sessions: set[BubblewrapSession] = set()
 
     # -- public API -------------------------------------------------------------------------
 
@@ -293,12 +276,7 @@ class BubblewrapSandbox:
         self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None
     ) -> ExecResult:
         """Execute ``code`` in a fresh process; see :meth:`agentrl.sandbox.Sandbox.run`."""
-        if self._closed:
-            raise SandboxError("BubblewrapSandbox.run called after aclose()")
-        timeout, memory = _run_settings(timeout_s, memory_mb, self.timeout_s, self.memory_mb)
-        limits = _Limits.for_run(
-            timeout_s=timeout, memory_mb=memory, max_processes=self.max_processes
-        )
+        timeout, limits = self._run_limits("BubblewrapSandbox", timeout_s, memory_mb)
         async with self._limiter.get():
             if self.warm:
                 return await self._run_warm(code, timeout, limits)
@@ -341,26 +319,17 @@ class BubblewrapSandbox:
                 "bubblewrap sessions need root (user, PID and mount namespaces per session "
                 "inside a worker); run the engine as root or use the 'docker' sandbox"
             )
-        _, memory = _run_settings(None, memory_mb, self.timeout_s, self.memory_mb)
-        return BubblewrapSession(self, memory)
+        return BubblewrapSession(self, self._session_memory(memory_mb))
 
     async def aclose(self) -> None:
         """Stop every worker and session and close the namespaces; ``run`` raises afterwards."""
-        self._closed = True
-        for sess in list(self._sessions):
-            await sess.aclose()
+        await super().aclose()
         for worker in list(self._workers):
             self._discard(worker)
         self._idle.clear()
         self._launching.clear()
         while self._userns_pool:
             os.close(self._userns_pool.pop())
-
-    async def __aenter__(self) -> BubblewrapSandbox:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     def __repr__(self) -> str:
         return (
@@ -595,14 +564,6 @@ class BubblewrapSandbox:
         return args
 
 
-def _header(limits: _Limits, timeout: float, session_memory_bytes: int | None = None) -> dict[str, Any]:
-    return request_header(
-        code_len=0, timeout_s=timeout, memory_bytes=limits.memory_bytes, cpu_s=limits.cpu_s,
-        fsize=limits.fsize_bytes, nofile=limits.nofile, nproc=limits.nproc,
-        session_memory_bytes=session_memory_bytes,
-    )
-
-
 class _Worker:
     """One warm ``bwrap`` container running the fork server (host side)."""
 
@@ -774,74 +735,20 @@ class _Worker:
         return f": {text}" if text else ""
 
 
-class BubblewrapSession:
+class BubblewrapSession(_TreeSession):
     """A session of a :class:`BubblewrapSandbox` (see :class:`agentrl.sandbox.SandboxSession`).
 
     Attributes:
         restarts: how many times the interpreter was started afresh after losing its state.
     """
 
+    _what = "bubblewrap session"
+
     def __init__(self, sandbox: BubblewrapSandbox, memory_mb: int) -> None:
-        self.sandbox = sandbox
-        self.memory_mb = memory_mb
-        self.restarts = 0
-        self._tree: Tree | None = None
+        super().__init__(sandbox, memory_mb)
         self._own_worker: _Worker | None = None
-        self._started = False
-        self._closed = False
 
-    async def __aenter__(self) -> BubblewrapSession:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    async def start(self) -> None:
-        """Start the session's interpreter (``async with`` does this)."""
-        if self._closed or self.sandbox._closed:
-            raise SandboxError("bubblewrap session: the session or its sandbox is closed")
-        if self._tree is None:
-            self._tree = await self._new_tree()
-        self._started = True
-        self.sandbox._sessions.add(self)
-
-    async def run(
-        self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None
-    ) -> ExecResult:
-        """Run one cell; see :meth:`agentrl.sandbox.SandboxSession.run`."""
-        if self._closed or self.sandbox._closed:
-            raise SandboxError("bubblewrap session: run called after aclose()")
-        sb = self.sandbox
-        timeout, memory = _run_settings(timeout_s, memory_mb, sb.timeout_s, self.memory_mb)
-        limits = _Limits.for_run(
-            timeout_s=timeout, memory_mb=min(memory, self.memory_mb), max_processes=sb.max_processes
-        )
-        if self._tree is None:
-            if self._started:
-                self.restarts += 1
-            await self.start()
-        tree = self._tree
-        assert tree is not None
-        async with sb._limiter.get():
-            outcome = await run_on_tree(
-                tree, code, _header(limits, timeout, self.memory_mb * 1024 * 1024),
-                timeout_s=timeout, max_output_bytes=sb.max_output_bytes, session=True,
-            )
-        if outcome.error is not None or outcome.state_lost:
-            tree.close()
-            self._tree = None
-        if outcome.error is not None:
-            raise SandboxError(f"bubblewrap session: {outcome.error}")
-        return _to_result(outcome.raw, what="bubblewrap session", state_lost=outcome.state_lost)
-
-    async def aclose(self) -> None:
-        """Kill the interpreter and everything it started."""
-        self._closed = True
-        self.sandbox._sessions.discard(self)
-        if self._tree is not None:
-            self._tree.close()
-            self._tree = None
+    def _free(self) -> None:
         if self._own_worker is not None:
             self.sandbox._discard(self._own_worker)
             self._own_worker = None

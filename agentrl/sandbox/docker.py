@@ -48,17 +48,9 @@ import anyio
 import anyio.to_thread
 
 from agentrl.errors import ConfigError, SandboxError, SandboxUnavailable
+from agentrl.sandbox._common import _SandboxBase, _SessionBase
 from agentrl.sandbox._tree import GUEST_SOURCE, frame
-from agentrl.sandbox.base import (
-    ExecResult,
-    _Capture,
-    _check_settings,
-    _Limits,
-    _LoopLocal,
-    _Raw,
-    _run_settings,
-    _to_result,
-)
+from agentrl.sandbox.base import ExecResult, _Capture, _Limits, _Raw, _to_result
 from agentrl.sandbox.bubblewrap import (
     SANDBOX_ENV,
     SANDBOX_UID,
@@ -190,7 +182,7 @@ class _Container:
     healthy: bool = True
 
 
-class DockerSandbox:
+class DockerSandbox(_SandboxBase):
     """Runs code in a pool of locked-down Docker containers, one ``docker exec`` per execution.
 
     Args:
@@ -234,7 +226,7 @@ class DockerSandbox:
         container_memory_mb: int | None = None,
         grace_s: float = 15.0,
     ) -> None:
-        _check_settings(
+        self._init_settings(
             max_concurrency=max_concurrency, timeout_s=timeout_s, memory_mb=memory_mb,
             max_output_bytes=max_output_bytes, max_processes=max_processes,
         )
@@ -244,11 +236,6 @@ class DockerSandbox:
             raise ConfigError(f"sandbox: container_memory_mb must be > 0, got {container_memory_mb!r}")
         if not grace_s > 0:
             raise ConfigError(f"sandbox: grace_s must be > 0, got {grace_s!r}")
-        self.timeout_s = float(timeout_s)
-        self.memory_mb = int(memory_mb)
-        self.max_output_bytes = int(max_output_bytes)
-        self.max_processes = int(max_processes)
-        self.max_concurrency = int(max_concurrency)
         self.cpus = float(cpus)
         self.container_memory_mb = int(container_memory_mb or memory_mb + _MEMORY_HEADROOM_MB)
         self.grace_s = float(grace_s)
@@ -260,11 +247,8 @@ class DockerSandbox:
         self._binds = self._build_binds(prefixes)
         self._client = _docker_client()
         self.image = ensure_image(self._client)
-        self._limiter = _LoopLocal(self.max_concurrency)
         self._idle: list[_Container] = []
         self._all: set[str] = set()
-        self._sessions: set[DockerSession] = set()
-        self._closed = False
 
     # -- public API -------------------------------------------------------------------------
 
@@ -273,10 +257,7 @@ class DockerSandbox:
     ) -> ExecResult:
         """Execute ``code`` via ``docker exec`` in a pooled container; see
         :meth:`agentrl.sandbox.Sandbox.run`."""
-        if self._closed:
-            raise SandboxError("DockerSandbox.run called after aclose()")
-        timeout, memory = _run_settings(timeout_s, memory_mb, self.timeout_s, self.memory_mb)
-        limits = _Limits.for_run(timeout_s=timeout, memory_mb=memory, max_processes=self.max_processes)
+        timeout, limits = self._run_limits("DockerSandbox", timeout_s, memory_mb)
         async with self._limiter.get():
             container = await self._acquire()
             runner: _RunnerExec | None = None
@@ -313,24 +294,15 @@ class DockerSandbox:
     def session(self, *, memory_mb: int | None = None) -> DockerSession:
         """A notebook-like session (see :class:`agentrl.sandbox.SandboxSession`); it holds one
         container (one concurrency slot) from start to close."""
-        _, memory = _run_settings(None, memory_mb, self.timeout_s, self.memory_mb)
-        return DockerSession(self, memory)
+        return DockerSession(self, self._session_memory(memory_mb))
 
     async def aclose(self) -> None:
         """Close the sessions and remove every container; ``run`` raises afterwards."""
-        self._closed = True
-        for sess in list(self._sessions):
-            await sess.aclose()
+        await super().aclose()
         ids, self._idle = list(self._all), []
         self._all.clear()
         for cid in ids:
             await anyio.to_thread.run_sync(self._remove, cid)
-
-    async def __aenter__(self) -> DockerSandbox:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     def __repr__(self) -> str:
         return (
@@ -614,7 +586,7 @@ class _RunnerExec:
         return f": {text[-2000:]}" if text else ""
 
 
-class DockerSession:
+class DockerSession(_SessionBase):
     """A session of a :class:`DockerSandbox` (see :class:`agentrl.sandbox.SandboxSession`).
 
     It holds one container (and one concurrency slot of the sandbox) from :meth:`start` to
@@ -624,27 +596,18 @@ class DockerSession:
         restarts: how many times the interpreter was started afresh after losing its state.
     """
 
+    _what = "docker session"
+
     def __init__(self, sandbox: DockerSandbox, memory_mb: int) -> None:
-        self.sandbox = sandbox
-        self.memory_mb = memory_mb
-        self.restarts = 0
+        super().__init__(sandbox, memory_mb)
         self._container: _Container | None = None
         self._runner: _RunnerExec | None = None
         self._slot: Any = None
-        self._closed = False
-
-    async def __aenter__(self) -> DockerSession:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     async def start(self) -> None:
         """Take a container and start the session's runner (``async with`` does this)."""
         sb = self.sandbox
-        if self._closed or sb._closed:
-            raise SandboxError("docker session: the session or its sandbox is closed")
+        self._check_startable()
         if self._container is None:
             limiter = sb._limiter.get()
             await limiter.acquire_on_behalf_of(self)
@@ -668,12 +631,7 @@ class DockerSession:
     ) -> ExecResult:
         """Run one cell; see :meth:`agentrl.sandbox.SandboxSession.run`."""
         sb = self.sandbox
-        if self._closed or sb._closed:
-            raise SandboxError("docker session: run called after aclose()")
-        timeout, memory = _run_settings(timeout_s, memory_mb, sb.timeout_s, self.memory_mb)
-        limits = _Limits.for_run(
-            timeout_s=timeout, memory_mb=min(memory, self.memory_mb), max_processes=sb.max_processes
-        )
+        timeout, limits = self._cell_limits(timeout_s, memory_mb)
         if self._runner is None:
             await self.start()
         assert self._runner is not None

@@ -20,25 +20,16 @@ import subprocess
 import tempfile
 
 from agentrl.errors import SandboxError
-from agentrl.sandbox._tree import GUEST_SOURCE, AsyncConn, Tree, request_header, run_on_tree
-from agentrl.sandbox.base import (
-    ExecResult,
-    _base_python,
-    _check_settings,
-    _Limits,
-    _LoopLocal,
-    _python_argv,
-    _run_process,
-    _run_settings,
-    _to_result,
-)
+from agentrl.sandbox._common import _SandboxBase, _TreeSession
+from agentrl.sandbox._tree import GUEST_SOURCE, AsyncConn, Tree
+from agentrl.sandbox.base import ExecResult, _base_python, _python_argv, _run_process, _to_result
 
 __all__ = ["UnsafeLocalSandbox", "UnsafeLocalSession"]
 
 log = logging.getLogger(__name__)
 
 
-class UnsafeLocalSandbox:
+class UnsafeLocalSandbox(_SandboxBase):
     """UNSAFE: runs code in a plain local subprocess (``python -I``), with rlimits but no isolation.
 
     Same arguments and results as :class:`~agentrl.sandbox.BubblewrapSandbox`. Each execution gets
@@ -68,7 +59,7 @@ class UnsafeLocalSandbox:
         max_processes: int = 64,
         python: str | None = None,
     ) -> None:
-        _check_settings(
+        self._init_settings(
             max_concurrency=max_concurrency, timeout_s=timeout_s, memory_mb=memory_mb,
             max_output_bytes=max_output_bytes, max_processes=max_processes,
         )
@@ -79,14 +70,6 @@ class UnsafeLocalSandbox:
             if found is None:
                 raise SandboxError(f"unsafe-local sandbox: python interpreter {python!r} not found")
             self._python = found
-        self.timeout_s = float(timeout_s)
-        self.memory_mb = int(memory_mb)
-        self.max_output_bytes = int(max_output_bytes)
-        self.max_processes = int(max_processes)
-        self.max_concurrency = int(max_concurrency)
-        self._limiter = _LoopLocal(self.max_concurrency)
-        self._closed = False
-        self._sessions: set[UnsafeLocalSession] = set()
         log.warning(
             "UnsafeLocalSandbox: model-written code will run UNSANDBOXED on this host as uid %d "
             "(files, network and processes are all reachable). Use only for debugging; use "
@@ -98,25 +81,13 @@ class UnsafeLocalSandbox:
         self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None
     ) -> ExecResult:
         """Execute ``code`` in a local subprocess; see :meth:`agentrl.sandbox.Sandbox.run`."""
-        if self._closed:
-            raise SandboxError("UnsafeLocalSandbox.run called after aclose()")
-        timeout, memory = _run_settings(timeout_s, memory_mb, self.timeout_s, self.memory_mb)
-        limits = _Limits.for_run(
-            timeout_s=timeout, memory_mb=memory, max_processes=self.max_processes
-        )
+        timeout, limits = self._run_limits("UnsafeLocalSandbox", timeout_s, memory_mb)
         async with self._limiter.get():
             with tempfile.TemporaryDirectory(prefix="agentrl-sandbox-") as workdir:
-                env = {
-                    "PATH": "/usr/local/bin:/usr/bin:/bin",
-                    "HOME": workdir,
-                    "TMPDIR": workdir,
-                    "LANG": "C.UTF-8",
-                    "PYTHONDONTWRITEBYTECODE": "1",
-                }
                 raw = await _run_process(
                     lambda marker_fd: _python_argv(self._python, marker_fd, limits),
                     code=code,
-                    env=env,
+                    env=_local_env(workdir),
                     cwd=workdir,
                     timeout_s=timeout,
                     max_output_bytes=self.max_output_bytes,
@@ -126,20 +97,7 @@ class UnsafeLocalSandbox:
     def session(self, *, memory_mb: int | None = None) -> UnsafeLocalSession:
         """A notebook-like session (see :class:`agentrl.sandbox.SandboxSession`), just as unsafe:
         one local interpreter process in a temporary directory, in a session of its own."""
-        _, memory = _run_settings(None, memory_mb, self.timeout_s, self.memory_mb)
-        return UnsafeLocalSession(self, memory)
-
-    async def aclose(self) -> None:
-        """Mark the sandbox closed and end its sessions."""
-        self._closed = True
-        for sess in list(self._sessions):
-            await sess.aclose()
-
-    async def __aenter__(self) -> UnsafeLocalSandbox:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
+        return UnsafeLocalSession(self, self._session_memory(memory_mb))
 
     def __repr__(self) -> str:
         return (
@@ -158,7 +116,7 @@ def _local_env(workdir: str) -> dict[str, str]:
     }
 
 
-class UnsafeLocalSession:
+class UnsafeLocalSession(_TreeSession):
     """UNSAFE: a session of an :class:`UnsafeLocalSandbox` (see
     :class:`agentrl.sandbox.SandboxSession`).
 
@@ -171,32 +129,13 @@ class UnsafeLocalSession:
         restarts: how many times the interpreter was started afresh after losing its state.
     """
 
+    _what = "unsafe-local session"
+
     def __init__(self, sandbox: UnsafeLocalSandbox, memory_mb: int) -> None:
-        self.sandbox = sandbox
-        self.memory_mb = memory_mb
-        self.restarts = 0
-        self._tree: Tree | None = None
+        super().__init__(sandbox, memory_mb)
         self._workdir: str | None = None
-        self._started = False
-        self._closed = False
 
-    async def __aenter__(self) -> UnsafeLocalSession:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    async def start(self) -> None:
-        """Start the interpreter process (``async with`` does this).
-
-        Raises:
-            SandboxError: it could not be started.
-        """
-        if self._closed or self.sandbox._closed:
-            raise SandboxError("unsafe-local session: the session or its sandbox is closed")
-        if self._tree is not None:
-            return
+    async def _new_tree(self) -> Tree:
         if self._workdir is None:
             self._workdir = tempfile.mkdtemp(prefix="agentrl-session-")
         host_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -213,51 +152,13 @@ class UnsafeLocalSession:
             raise SandboxError(f"unsafe-local session: cannot start the interpreter: {exc}") from exc
         finally:
             child_end.close()
-        self._tree = Tree(AsyncConn(host_end), proc=proc)
-        self._started = True
-        self.sandbox._sessions.add(self)
-
-    async def run(
-        self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None
-    ) -> ExecResult:
-        """Run one cell; see :meth:`agentrl.sandbox.SandboxSession.run`."""
-        sb = self.sandbox
-        if self._closed or sb._closed:
-            raise SandboxError("unsafe-local session: run called after aclose()")
-        timeout, memory = _run_settings(timeout_s, memory_mb, sb.timeout_s, self.memory_mb)
-        limits = _Limits.for_run(
-            timeout_s=timeout, memory_mb=min(memory, self.memory_mb), max_processes=sb.max_processes
-        )
-        if self._tree is None:
-            if self._started:
-                self.restarts += 1
-            await self.start()
-        tree = self._tree
-        assert tree is not None
-        header = request_header(
-            code_len=0, timeout_s=timeout, memory_bytes=limits.memory_bytes, cpu_s=limits.cpu_s,
-            fsize=limits.fsize_bytes, nofile=limits.nofile, nproc=limits.nproc,
-            session_memory_bytes=self.memory_mb * 1024 * 1024,
-        )
-        async with sb._limiter.get():
-            outcome = await run_on_tree(
-                tree, code, header, timeout_s=timeout, max_output_bytes=sb.max_output_bytes,
-                session=True,
-            )
-        if outcome.error is not None or outcome.state_lost:
-            tree.close()
-            self._tree = None
-        if outcome.error is not None:
-            raise SandboxError(f"unsafe-local session: {outcome.error}")
-        return _to_result(outcome.raw, what="unsafe-local session", state_lost=outcome.state_lost)
+        return Tree(AsyncConn(host_end), proc=proc)
 
     async def aclose(self) -> None:
         """Kill the interpreter's process group and remove its working directory."""
-        self._closed = True
-        self.sandbox._sessions.discard(self)
-        if self._tree is not None:
-            self._tree.close()
-            self._tree = None
+        await super().aclose()
+
+    def _free(self) -> None:
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
