@@ -25,7 +25,7 @@ from agentrl.engine.metrics import MetricsLogger
 from agentrl.engine.run_state import RunState, latest_checkpoint, prune_checkpoints, read_state, truncate_logs, write_checkpoint_state
 from agentrl.engine.staleness import StalenessQueue
 from agentrl.engine.trajectory import Trajectory
-from agentrl.errors import AgentRLError, GeneratorError, LearnerError, TimeoutError_
+from agentrl.errors import AgentRLError, GeneratorError, InfraError, LearnerError, TimeoutError_
 
 __all__ = ["Controller", "RunSummary", "prepare_model"]
 
@@ -85,6 +85,8 @@ class Controller:
     def __init__(self, recipe: Recipe) -> None:
         self.recipe = recipe
         self.run_dir = recipe.resolved_run_dir()
+        self.tokenizer_source: str | None = None
+        """The folder or hub id the tokenizer is read from (weights folders may not hold one)."""
         self.published_version = 0
         """Newest weight version written by the learner (restarted generators load it)."""
         self._heal_lock = asyncio.Lock()
@@ -233,6 +235,7 @@ class Controller:
         env_vars = {"VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "TQDM_DISABLE": "1"}
         settings = EngineSettings(
             model=model,
+            tokenizer=self.tokenizer_source or model,
             dtype=r.model.dtype,
             max_model_len=g.max_model_len,
             kv_cache_gib=g.kv_cache_gib,
@@ -259,7 +262,7 @@ class Controller:
         worker_cls = ray.remote(RolloutWorker)
         self.workers = [
             worker_cls.options(num_cpus=ro.num_cpus, runtime_env={"env_vars": env_vars}).remote(
-                model=model,
+                model=self.tokenizer_source or model,
                 env_id=r.env.id,
                 env_kwargs=r.env.kwargs,
                 sandbox_kind=r.sandbox.type,
@@ -278,6 +281,9 @@ class Controller:
             )
             for _ in range(ro.num_workers)
         ]
+        # a worker that cannot start (bad env, tokenizer, sandbox) is a clear error now, not a
+        # stream of lost groups later
+        await _timed(asyncio.gather(*[w.ping.remote() for w in self.workers]), 300, "rollout worker start-up")
 
     # ------------------------------------------------------------------ one step
     def _batch_samples(self, batch: list[list[Trajectory]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -414,6 +420,7 @@ class Controller:
         pending: dict[asyncio.Future, tuple[int, str]] = {}
         train_task: asyncio.Task | None = None
         training_prompts: list[int] = []
+        lost_in_a_row = 0
         t_start = time.monotonic()
         gen_tokens_at_start = gen_tokens
         log.event(f"RL loop started at version {version}", loop_start=True, step=version)
@@ -492,12 +499,16 @@ class Controller:
                 try:
                     group: list[Trajectory] = fut.result()
                 except Exception as exc:  # a worker died or timed out: re-issue the prompt
+                    lost_in_a_row += 1
+                    if lost_in_a_row > 4 * len(self.workers) + 4:
+                        raise InfraError(f"rollout keeps failing ({lost_in_a_row} groups lost in a row); last: {type(exc).__name__}: {exc}") from exc
                     infra_failures += r.rollout.group_size
                     queue.mark_lost(r.rollout.group_size)
                     retry.append(idx)
                     log.event(f"group {gid} lost ({type(exc).__name__}: {exc}); re-issued")
                     await self._heal_generators(version, log)
                     continue
+                lost_in_a_row = 0
                 failed = [t for t in group if not t.trainable]
                 infra_failures += len(failed)
                 gen_tokens += sum(t.num_generated for t in group)
@@ -549,6 +560,7 @@ class Controller:
                 summary = RunSummary(self.run_dir, r.sft.steps, 0, Path(model), 0, 0, 0)
                 self._write_summary(summary)
                 return summary
+            self.tokenizer_source = model
             state = None
             ckpt = latest_checkpoint(self.run_dir) if r.checkpoint.resume and r.mode in ("async", "sync") else None
             if ckpt is not None:
@@ -602,6 +614,9 @@ class Controller:
             r.learner.timeout_s, f"saving learner checkpoint {state.version}", LearnerError,
         )
         shutil.copytree(self.run_dir / "weights" / f"v{state.version:06d}", tmp / "weights")
+        from agentrl.models.loading import load_tokenizer
+
+        load_tokenizer(self.tokenizer_source or str(tmp / "weights")).save_pretrained(tmp / "weights")  # self-contained
         write_checkpoint_state(tmp, state)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)

@@ -31,6 +31,8 @@ class EngineSettings:
 
     model: str
     """Hugging Face folder or hub id."""
+    tokenizer: str | None = None
+    """Where the tokenizer comes from when ``model`` is a bare weights folder (None = ``model``)."""
     dtype: str = "float32"
     """Parameter dtype."""
     max_model_len: int = 2048
@@ -125,6 +127,7 @@ class Generator:
             memory["max_num_batched_tokens"] = max(s.max_model_len, 4096)
         args = AsyncEngineArgs(
             model=s.model,
+            tokenizer=s.tokenizer or s.model,
             dtype=s.dtype,
             max_model_len=s.max_model_len,
             enforce_eager=s.enforce_eager,

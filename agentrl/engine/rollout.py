@@ -184,6 +184,10 @@ class RolloutWorker:
         self.generate_timeout_s = generate_timeout_s
         self.seed = seed
 
+    def ping(self) -> bool:
+        """True once the worker is constructed (the controller's start-up check)."""
+        return True
+
     def set_generators(self, generators: list[Any]) -> None:
         """Replace the generator handles (after a restart); groups in flight keep theirs."""
         if len(generators) != len(self.generators):
