@@ -311,6 +311,8 @@ class SftConfig(_Section):
     """Peak learning rate of the SFT stage."""
     warmup_steps: int = Field(10, ge=0)
     """Linear warm-up of the SFT stage, steps."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "cosine"
+    """Learning-rate decay after warm-up over the SFT stage (to ``learner.min_lr_ratio * lr``)."""
     source: str = "agentrl.envs.calc_demos:demonstrations"
     """Demonstrations: a ``.jsonl``/``.json`` file with a ``messages`` list per row, or
     ``module:function`` returning ``n`` conversations for ``function(n, seed)``."""

@@ -117,6 +117,7 @@ class Controller:
     def _learner_actors(
         self, model: str, *, env_vars: dict[str, str], lr: float | None = None, torch_threads: int | None = None,
         warmup_steps: int | None = None, total_steps: int | None = None, for_rl: bool | None = None,
+        lr_schedule: str | None = None,
     ) -> list[Any]:
         """Create (not set up) the learner ranks as Ray actors; ``lr``/``torch_threads``/``warmup_steps``
         override the recipe's learner values (the SFT stage uses its own).
@@ -140,7 +141,7 @@ class Controller:
         )
         if total_steps is None and rl:
             total_steps = lcfg.max_steps * a.updates_per_batch
-        schedule = lcfg.lr_schedule if total_steps is not None else "constant"
+        schedule = (lr_schedule or lcfg.lr_schedule) if total_steps is not None else "constant"
         port = _free_port()
         learner_cls = ray.remote(Learner)
         return [
@@ -643,7 +644,10 @@ class Controller:
         tok = load_tokenizer(model)
         samples = [encode_chat(tok, c) for c in load_conversations(cfg.source, cfg.num_examples, r.seed)]
         env_vars = {"TOKENIZERS_PARALLELISM": "false"}
-        learners = self._learner_actors(model, env_vars=env_vars, lr=cfg.lr, torch_threads=cfg.torch_threads, warmup_steps=cfg.warmup_steps)
+        learners = self._learner_actors(
+            model, env_vars=env_vars, lr=cfg.lr, torch_threads=cfg.torch_threads, warmup_steps=cfg.warmup_steps,
+            for_rl=False, total_steps=cfg.steps, lr_schedule=cfg.lr_schedule,
+        )
         self.learners = learners  # shut down with the rest on failure
         await _timed(asyncio.gather(*[a.setup.remote() for a in learners]), r.learner.timeout_s, "SFT learner set-up", LearnerError)
         log.event(f"SFT: {cfg.steps} steps x {cfg.batch_size} of {len(samples)} conversations from {cfg.source}")

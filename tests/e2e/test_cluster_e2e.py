@@ -25,7 +25,9 @@ def _port() -> int:
 def test_generator_runs_on_second_node(tmp_path, tiny_calc_model):
     port = _port()
     address = f"127.0.0.1:{port}"
-    env = {**os.environ, "RAY_DEDUP_LOGS": "0"}
+    # a local test cluster without Ray's token authentication (real clusters keep it: the token
+    # in ~/.ray/auth_token reaches `agentrl train` the same way it reaches `ray start`)
+    env = {**os.environ, "RAY_DEDUP_LOGS": "0", "RAY_AUTH_MODE": "disabled"}
     temp = tmp_path / "ray"
     head = ["--head", f"--port={port}", "--num-cpus=3", "--include-dashboard=false", f"--temp-dir={temp}"]
     subprocess.run([RAY, "start", *head], check=True, capture_output=True, timeout=120, env=env)
@@ -55,6 +57,7 @@ def test_generator_runs_on_second_node(tmp_path, tiny_calc_model):
 
         import ray
 
+        os.environ["RAY_AUTH_MODE"] = "disabled"
         ray.init(address=address, logging_level="error")
         try:
             second = [n["NodeID"] for n in ray.nodes() if n["Alive"] and "gen_node" in n["Resources"]]
@@ -63,4 +66,6 @@ def test_generator_runs_on_second_node(tmp_path, tiny_calc_model):
         assert gen_nodes == second
         assert [e["step"] for e in events if e["kind"] == "step"] == [1, 2]
     finally:
-        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120, env=env)
+        # stop only this cluster's processes (its temp dir is in their command lines), never a
+        # Ray instance of anything else on the machine
+        subprocess.run(["pkill", "-9", "-f", str(temp)], capture_output=True, timeout=60)
