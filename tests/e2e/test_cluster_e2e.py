@@ -4,8 +4,10 @@ placed by a custom resource on the second node and the run completes against the
 import json
 import os
 import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,7 +30,7 @@ def test_generator_runs_on_second_node(tmp_path, tiny_calc_model):
     # a local test cluster without Ray's token authentication (real clusters keep it: the token
     # in ~/.ray/auth_token reaches `agentrl train` the same way it reaches `ray start`)
     env = {**os.environ, "RAY_DEDUP_LOGS": "0", "RAY_AUTH_MODE": "disabled"}
-    temp = tmp_path / "ray"
+    temp = Path(tempfile.mkdtemp(prefix="agrl", dir="/tmp"))  # Ray's socket paths must stay < 108 bytes
     head = ["--head", f"--port={port}", "--num-cpus=3", "--include-dashboard=false", f"--temp-dir={temp}"]
     subprocess.run([RAY, "start", *head], check=True, capture_output=True, timeout=120, env=env)
     try:
@@ -69,3 +71,4 @@ def test_generator_runs_on_second_node(tmp_path, tiny_calc_model):
         # stop only this cluster's processes (its temp dir is in their command lines), never a
         # Ray instance of anything else on the machine
         subprocess.run(["pkill", "-9", "-f", str(temp)], capture_output=True, timeout=60)
+        shutil.rmtree(temp, ignore_errors=True)
