@@ -32,7 +32,7 @@ fi
 STAMP="$VENV/.agentrl-setup"
 WANT="$(cat pyproject.toml | sha256sum | cut -c1-16)-$AGENTRL_EXTRA"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('agentrl') and u.find_spec('vllm')))" >/dev/null 2>&1; then
-    exit 0
+    exec ./scripts/docker.sh  # the daemon may be down on a machine that was set up before
 fi
 if [ ! -x "$VENV/bin/python" ]; then
     log "creating $VENV with $PY"

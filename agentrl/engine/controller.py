@@ -29,6 +29,9 @@ from agentrl.errors import AgentRLError, GeneratorError, InfraError, LearnerErro
 
 __all__ = ["Controller", "RunSummary", "prepare_model"]
 
+_MAX_PROMPT_ATTEMPTS = 3
+"""Times a prompt whose whole group failed on infrastructure is tried before it is abandoned."""
+
 
 @dataclass
 class RunSummary:
@@ -47,6 +50,8 @@ class RunSummary:
     """Issued prompts not trained when the run ended (queued, in flight or waiting for a retry)."""
     dropped_prompts: list[int] = field(default_factory=list)
     """Prompts whose groups were dropped as over-stale."""
+    abandoned_prompts: list[int] = field(default_factory=list)
+    """Prompts given up after failing on infrastructure ``_MAX_PROMPT_ATTEMPTS`` times in a row."""
 
 
 def _free_port() -> int:
@@ -168,7 +173,10 @@ class Controller:
                 objective=objective,
                 updates_per_batch=a.updates_per_batch if rl else 1,
                 proximal=a.proximal,
-                reference_model=lcfg.reference_model or model,
+                # on a resume ``model`` is a checkpoint: the KL anchor and the tokenizer stay
+                # the RL starting point
+                reference_model=lcfg.reference_model or self.tokenizer_source or model,
+                tokenizer=self.tokenizer_source or model,
                 torch_threads=torch_threads if torch_threads is not None else lcfg.torch_threads,
                 timeout_s=lcfg.timeout_s,
                 seed=r.seed,
@@ -223,6 +231,24 @@ class Controller:
         if replaced:
             await asyncio.gather(*[w.set_generators.remote(self.generators) for w in self.workers])
         return replaced
+
+    async def _catch_up_replacements(self, updated: list[Any], version: int) -> None:
+        """Load ``version`` into generators that a concurrent repair started (on older weights)
+        while ``updated`` were taking it; one that cannot load it is replaced again."""
+        async with self._heal_lock:  # waits for a repair in progress
+            fresh = [g for g in self.generators if not any(g is u for u in updated)]
+        if not fresh:
+            return
+        path = str(self.run_dir / "weights" / f"v{version:06d}")
+        outcomes = await _timed(
+            asyncio.gather(*[g.update_weights.remote(version, path) for g in fresh], return_exceptions=True),
+            self.recipe.generator.timeout_s + 30,
+            f"loading version {version} into replaced generators",
+            GeneratorError,
+        )
+        broken = tuple(g for g, o in zip(fresh, outcomes) if isinstance(o, BaseException))
+        if broken:
+            await self._heal_generators(version, self.log, force=broken)
 
     async def _start_actors(self, model: str, log: MetricsLogger, *, with_learners: bool = True, version: int = 0) -> None:
         """Start generators, learner ranks (unless ``with_learners`` is False) and rollout workers."""
@@ -373,6 +399,7 @@ class Controller:
         if broken:  # a generator that cannot take the new weights is replaced by one that has them
             self.log.event(f"generators {broken} failed to load version {new_version}: {outcomes[broken[0]]!r:.200}")
             await self._heal_generators(new_version, self.log, force=tuple(targets[i] for i in broken))
+        await self._catch_up_replacements(targets, new_version)
         self._prune_versions(new_version)
         m = results[0]
         examples = [
@@ -422,6 +449,8 @@ class Controller:
         train_task: asyncio.Task | None = None
         training_prompts: list[int] = []
         lost_in_a_row = 0
+        attempts: Counter[int] = Counter()  # infra failures per prompt in this process
+        abandoned: list[int] = list(getattr(state, "abandoned", []))
         t_start = time.monotonic()
         gen_tokens_at_start = gen_tokens
         log.event(f"RL loop started at version {version}", loop_start=True, step=version)
@@ -490,6 +519,7 @@ class Controller:
                                 infra_failures=infra_failures,
                                 gen_tokens=gen_tokens,
                                 evals=list(self.evals),
+                                abandoned=list(abandoned),
                             ),
                             log,
                         )
@@ -499,23 +529,32 @@ class Controller:
                 idx, gid = pending.pop(fut)
                 try:
                     group: list[Trajectory] = fut.result()
-                except Exception as exc:  # a worker died or timed out: re-issue the prompt
-                    lost_in_a_row += 1
-                    if lost_in_a_row > 4 * len(self.workers) + 4:
-                        raise InfraError(f"rollout keeps failing ({lost_in_a_row} groups lost in a row); last: {type(exc).__name__}: {exc}") from exc
-                    infra_failures += r.rollout.group_size
-                    queue.mark_lost(r.rollout.group_size)
-                    retry.append(idx)
-                    log.event(f"group {gid} lost ({type(exc).__name__}: {exc}); re-issued")
-                    await self._heal_generators(version, log)
-                    continue
-                lost_in_a_row = 0
+                except Exception as exc:  # a worker died or timed out: the group is lost
+                    group, error = [], f"{type(exc).__name__}: {exc}"
                 failed = [t for t in group if not t.trainable]
-                infra_failures += len(failed)
+                infra_failures += len(failed) if group else r.rollout.group_size
                 gen_tokens += sum(t.num_generated for t in group)
-                queue.put(group)
-                if any("GeneratorError" in t.info.get("error", "") for t in failed):
+                if not group or any("GeneratorError" in t.info.get("error", "") for t in failed):
                     await self._heal_generators(version, log)
+                if group and len(failed) < len(group):
+                    lost_in_a_row = 0
+                    queue.put(group)
+                    continue
+                # nothing of it can be trained: the prompt goes round again rather than filling
+                # a batch slot with an empty group, a bounded number of times
+                if group:
+                    error = failed[0].info.get("error", "") or failed[0].status
+                lost_in_a_row += 1
+                if lost_in_a_row > 4 * len(self.workers) + 4:
+                    raise InfraError(f"rollout keeps failing ({lost_in_a_row} groups lost in a row); last: {error[:300]}")
+                queue.mark_lost(r.rollout.group_size)
+                attempts[idx] += 1
+                if attempts[idx] < _MAX_PROMPT_ATTEMPTS:
+                    retry.append(idx)
+                    log.event(f"group {gid} failed on infrastructure ({error[:200]}); re-issued")
+                else:
+                    abandoned.append(idx)
+                    log.event(f"group {gid} failed on infrastructure {attempts[idx]} times ({error[:200]}); abandoned")
         for fut in pending:
             fut.cancel()
         final = self.run_dir / "final"
@@ -537,6 +576,7 @@ class Controller:
             prompt_cursor=cursor,
             untrained_prompts=sorted([idx for idx, _ in pending.values()] + list(retry) + [g[0].prompt_index for g in queue._groups if g]),
             dropped_prompts=list(queue.stats.dropped_prompts),
+            abandoned_prompts=abandoned,
         )
 
     async def _run(self) -> RunSummary:
@@ -706,6 +746,7 @@ class Controller:
             "prompt_cursor": summary.prompt_cursor,
             "untrained_prompts": summary.untrained_prompts,
             "dropped_prompts": summary.dropped_prompts,
+            "abandoned_prompts": summary.abandoned_prompts,
         }
         if self.evals:
             data["eval_before"] = self.evals[0]

@@ -257,6 +257,7 @@ class Learner:
         updates_per_batch: int = 1,
         proximal: str = "auto",
         reference_model: str | None = None,
+        tokenizer: str | None = None,
         torch_threads: int = 1,
         timeout_s: float = 900.0,
         seed: int = 0,
@@ -266,7 +267,9 @@ class Learner:
         ``proximal``: ``auto`` recomputes the proximal log-probs exactly when a batch gets more
         than one update (with one update they equal the current log-probs, for free),
         ``recompute`` always, ``detached`` never. ``reference_model`` (default: ``model``) is
-        loaded only when ``objective.kl_coef > 0``."""
+        loaded only when ``objective.kl_coef > 0``. ``tokenizer`` (default: ``model``) is the
+        folder or hub id whose tokenizer goes into published folders and checkpoints: on a
+        resume ``model`` is a checkpoint that may be pruned later, the tokenizer source is not."""
         if lr_schedule not in LR_SCHEDULES:
             raise LearnerError(f"lr_schedule must be one of {LR_SCHEDULES}, got {lr_schedule!r}")
         if lr_schedule != "constant" and not total_steps:
@@ -290,6 +293,7 @@ class Learner:
         self.updates_per_batch = updates_per_batch
         self.recompute_proximal = proximal == "recompute" or (proximal == "auto" and updates_per_batch > 1)
         self.reference_name = reference_model or model
+        self.tokenizer_name = tokenizer or model
         self.torch_threads, self.timeout_s, self.seed = torch_threads, timeout_s, seed
         self.step = 0
         """Completed ``train_step``/``sft_step`` calls: the weight version this rank holds."""
@@ -613,7 +617,7 @@ class Learner:
         if with_tokenizer:
             from agentrl.models.loading import load_tokenizer
 
-            tokenizer = load_tokenizer(self.model_name)
+            tokenizer = load_tokenizer(self.tokenizer_name)
         return str(write_hf_folder(sd, self.config, Path(out_dir), tokenizer))
 
     # ------------------------------------------------------------------ checkpoints
@@ -660,7 +664,7 @@ class Learner:
                 try:
                     from agentrl.models.loading import load_tokenizer
 
-                    load_tokenizer(self.model_name).save_pretrained(tmp / "hf")
+                    load_tokenizer(self.tokenizer_name).save_pretrained(tmp / "hf")
                 except Exception:  # a model without a tokenizer still exports
                     pass
             dist.barrier()

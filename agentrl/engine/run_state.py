@@ -53,6 +53,8 @@ class RunState:
     """Generated tokens so far (throughput bookkeeping)."""
     evals: list[dict[str, Any]] = field(default_factory=list)
     """Evaluation records so far."""
+    abandoned: list[int] = field(default_factory=list)
+    """Prompt indices given up after repeated infrastructure failures."""
 
 
 def checkpoint_root(run_dir: Path) -> Path:

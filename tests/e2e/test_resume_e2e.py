@@ -93,7 +93,7 @@ def test_sigkill_and_resume_loses_no_prompt(tmp_path, tiny_calc_model):
     # no prompt lost: every issued prompt index is trained exactly once, or still untrained
     # (queued or in flight) at the end, or counted as dropped for staleness
     summary = json.loads((run_dir / "summary.json").read_text())
-    accounted = prompts + summary["untrained_prompts"] + summary["dropped_prompts"]
+    accounted = prompts + summary["untrained_prompts"] + summary["dropped_prompts"] + summary["abandoned_prompts"]
     assert sorted(accounted) == list(range(summary["prompt_cursor"])), (prompts, summary)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(r["dropped_stale"] == 0 for r in records if r["kind"] == "step")
