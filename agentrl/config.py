@@ -35,6 +35,7 @@ __all__ = [
     "SftConfig",
     "EvalConfig",
     "CheckpointConfig",
+    "WandbConfig",
     "load_recipe",
     "parse_override",
 ]
@@ -352,6 +353,23 @@ class CheckpointConfig(_Section):
     """Resume from the newest checkpoint in the run directory when there is one."""
 
 
+class WandbConfig(_Section):
+    """Weights & Biases logging of every metric record (off unless ``project`` is set; needs
+    ``pip install 'agentrl[wandb]'``). JSONL and TensorBoard are written either way."""
+
+    project: str | None = None
+    """W&B project; None = no W&B."""
+    entity: str | None = None
+    """W&B entity (user or team); None = the account's default."""
+    name: str | None = None
+    """Run name; None = the recipe's ``name``."""
+    mode: Literal["online", "offline"] = "online"
+    """``online`` streams to the W&B server (needs ``WANDB_API_KEY`` or ``wandb login``);
+    ``offline`` writes the run under the run directory for a later ``wandb sync``."""
+    tags: list[str] = []
+    """Run tags."""
+
+
 class RayConfig(_Section):
     """Where the actors run."""
 
@@ -399,6 +417,8 @@ class Recipe(_Section):
     """Held-out evaluation."""
     checkpoint: CheckpointConfig = CheckpointConfig()
     """Checkpoints and resume."""
+    wandb: WandbConfig = WandbConfig()
+    """Optional Weights & Biases logging."""
 
     @model_validator(mode="after")
     def _check_batch(self) -> "Recipe":

@@ -358,6 +358,7 @@ class Controller:
             "status": dict(Counter(t.status for t in flat)),
             "turns_mean": sum(t.metrics.get("turns", 0) for t in flat) / max(1, len(flat)),
             "tool_calls_mean": sum(t.metrics.get("tool_calls", 0) for t in flat) / max(1, len(flat)),
+            "tool_errors_mean": sum(t.metrics.get("tool_errors", 0) for t in flat) / max(1, len(flat)),
             "generated_tokens_mean": sum(t.num_generated for t in flat) / max(1, len(flat)),
             "max_token_version": max((t.newest_version or 0) for t in flat) if flat else 0,
             **algo_stats,
@@ -587,7 +588,7 @@ class Controller:
         r = self.recipe
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "recipe.json").write_text(json.dumps(r.model_dump(mode="json"), indent=2))
-        log = self.log = MetricsLogger(self.run_dir)
+        log = self.log = MetricsLogger(self.run_dir, max_steps=r.learner.max_steps, sinks=self._metric_sinks())
         rows = load_rows(r.data.source, split=r.data.split, fields=r.data.fields or None, limit=r.data.limit, seed=r.seed)
         model = prepare_model(r, rows, log)
         started_ray = self._start_ray()
@@ -638,8 +639,21 @@ class Controller:
             return summary
         finally:
             await self._shutdown()
+            log.close()
             if started_ray:
                 ray.shutdown()
+
+    def _metric_sinks(self) -> list[Any]:
+        """W&B when ``[wandb] project`` is set."""
+        w = self.recipe.wandb
+        if w.project is None:
+            return []
+        from agentrl.engine.metric_sinks import WandbSink
+
+        return [WandbSink(
+            project=w.project, entity=w.entity, name=w.name or self.recipe.name, mode=w.mode, tags=w.tags,
+            directory=self.run_dir, config=self.recipe.model_dump(mode="json"),
+        )]
 
     async def _checkpoint(self, state: RunState, log: MetricsLogger) -> Path:
         """Write ``checkpoints/step_N``: learner state (every rank), weights of version N, controller state."""

@@ -1,53 +1,66 @@
 """Run metrics: one JSON object per line in ``RUN_DIR/metrics.jsonl``, TensorBoard scalars in
-``RUN_DIR/tensorboard/`` (when the ``tensorboard`` package is installed) and a progress line.
+``RUN_DIR/tensorboard/`` (when the ``tensorboard`` package is installed), Weights & Biases when
+configured (:mod:`agentrl.engine.metric_sinks`) and progress on the console.
 
 Each record has ``kind`` (``step`` for a learner step, ``event`` for anything else), ``time``
-(seconds since the run started) and numeric fields. The console shows one line per step:
-step, weight version, mean reward, generation and training tokens/s, queue depth, staleness.
+(seconds since the run started) and numeric fields. On a terminal the console shows a live panel
+(:mod:`agentrl.engine.progress`); elsewhere one line per step: step, weight version, mean reward,
+generation and training tokens/s, queue depth, staleness, infrastructure failures.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from agentrl.engine.metric_sinks import MetricSink, TensorBoardSink, numeric_fields
+from agentrl.engine.progress import ProgressView
+
 
 class MetricsLogger:
     """Appends metric records to a JSONL file and prints progress."""
 
-    def __init__(self, run_dir: Path, *, console: Console | None = None) -> None:
+    def __init__(
+        self, run_dir: Path, *, console: Console | None = None, live: bool | None = None,
+        max_steps: int | None = None, sinks: Sequence[MetricSink] = (),
+    ) -> None:
+        """``live``: show the live panel (default: when the console is a terminal);
+        ``max_steps``: the run's length, shown in the panel; ``sinks``: where records go besides
+        ``metrics.jsonl`` and TensorBoard (e.g. :class:`~agentrl.engine.metric_sinks.WandbSink`)."""
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.console = console or Console(stderr=True, highlight=False)
+        show = self.console.is_terminal if live is None else live
+        self.view = ProgressView(self.console, max_steps=max_steps) if show else None
         self.t0 = time.monotonic()
-        self._tb: Any = None
+        self.sinks: list[MetricSink] = list(sinks)
         try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(log_dir=str(self.path.parent / "tensorboard"))
-        except Exception:  # tensorboard not installed: JSONL only
-            self._tb = None
+            self.sinks.insert(0, TensorBoardSink(self.path.parent / "tensorboard"))
+        except ImportError:  # tensorboard not installed: no TensorBoard scalars
+            pass
 
     def log(self, kind: str, **fields: Any) -> dict[str, Any]:
         """Append one record and return it."""
         record = {"kind": kind, "time": round(time.monotonic() - self.t0, 3), **fields}
         with self.path.open("a") as f:
             f.write(json.dumps(record, default=float) + "\n")
-        if self._tb is not None and kind != "event":
+        if kind != "event":
             step = int(fields.get("step", fields.get("version", 0)))
-            for key, value in fields.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._tb.add_scalar(f"{kind}/{key}", value, step)
-            self._tb.flush()
+            for sink in self.sinks:
+                sink.write(kind, step, numeric_fields(fields))
         return record
 
     def step(self, **fields: Any) -> dict[str, Any]:
-        """Log a learner step and print its progress line."""
+        """Log a learner step and show it (live panel or progress line)."""
         rec = self.log("step", **fields)
+        if self.view is not None:
+            self.view.update(rec)
+            return rec
         hist = fields.get("staleness_hist", {})
         stale = " ".join(f"{k}:{v}" for k, v in sorted(hist.items(), key=lambda kv: int(kv[0])))
         self.console.print(
@@ -65,12 +78,13 @@ class MetricsLogger:
         self.console.print(f"[dim]{message}[/]")
         return self.log("event", message=message, **fields)
 
-
     def close(self) -> None:
-        """Flush and close the TensorBoard writer."""
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        """Stop the live panel; flush and close the TensorBoard writer."""
+        if self.view is not None:
+            self.view.close()
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
