@@ -2,9 +2,11 @@
 
 Runs ``agentrl train`` on the same recipe, seed and number of learner steps (hence the same
 number of trained samples) in ``sync`` mode (``max_staleness = 0``: generate a batch, train,
-update, repeat) and in ``async`` mode with ``max_staleness = 1`` and 2, ``--repeats`` times each,
-interleaved, and prints the median RL-loop wall-clock (first step started to last step done,
-engine start-up excluded) with its ratio to sync measured in the same run.
+update, repeat) and in ``async`` mode with ``max_staleness`` 1, 2 and 4, ``--repeats`` times
+each, interleaved, and prints the median RL-loop wall-clock (first step started to last step
+done, engine start-up excluded) with its ratio to sync measured in the same run, and the busy
+fractions of the generator (a request in flight) and the learner (training or writing weights)
+from the run's ``utilisation`` record.
 
     .venv/bin/python benchmarks/async_vs_sync.py --steps 20 --repeats 2
 """
@@ -40,7 +42,11 @@ def run_once(mode: str, staleness: int, steps: int, model: Path, workdir: Path, 
     samples = sum(r["samples"] for r in steps_)
     wall = steps_[-1]["time"] - start
     stale = sum(int(k) * v for r in steps_ for k, v in r["staleness_hist"].items()) / max(1, samples)
-    return {"wall_s": wall, "samples": samples, "samples_per_s": samples / wall, "mean_staleness": stale}
+    util = next(r for r in recs if r["kind"] == "utilisation")
+    return {
+        "wall_s": wall, "samples": samples, "samples_per_s": samples / wall, "mean_staleness": stale,
+        "gen_busy": util["generator_busy_fraction"], "learner_busy": util["learner_busy_fraction"],
+    }
 
 
 def main() -> None:
@@ -55,21 +61,21 @@ def main() -> None:
         model = work / "model"
         subprocess.run([sys.executable, "-m", "agentrl.cli", "model", "init", "tiny", str(model)], check=True, cwd=REPO, capture_output=True)
         (work / "runs").mkdir()
-        configs = [("sync", 0), ("async", 1), ("async", 2)]
+        configs = [("sync", 0), ("async", 1), ("async", 2), ("async", 4)]
         results: dict[tuple[str, int], list[dict]] = {c: [] for c in configs}
         for _ in range(args.repeats):
             for mode, s in configs:
                 results[(mode, s)].append(run_once(mode, s, args.steps, model, work / "runs", extra))
     base = statistics.median(r["wall_s"] for r in results[("sync", 0)])
     print(f"\n{args.steps} learner steps, {args.repeats} repeats (median), same recipe and seed\n")
-    print(f"| mode | max_staleness | RL wall-clock s | samples/s | mean staleness | speed-up vs sync |")
-    print(f"| --- | --- | --- | --- | --- | --- |")
+    print("| mode | max_staleness | RL wall-clock s | samples/s | mean staleness | generator busy | learner busy | speed-up vs sync |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for (mode, s), rs in results.items():
-        wall = statistics.median(r["wall_s"] for r in rs)
-        sps = statistics.median(r["samples_per_s"] for r in rs)
-        st = statistics.median(r["mean_staleness"] for r in rs)
-        print(f"| {mode} | {s} | {wall:.1f} | {sps:.1f} | {st:.2f} | {base / wall:.2f}x |")
-
+        med = {k: statistics.median(r[k] for r in rs) for k in ("wall_s", "samples_per_s", "mean_staleness", "gen_busy", "learner_busy")}
+        print(
+            f"| {mode} | {s} | {med['wall_s']:.1f} | {med['samples_per_s']:.1f} | {med['mean_staleness']:.2f} | "
+            f"{med['gen_busy']:.0%} | {med['learner_busy']:.0%} | {base / med['wall_s']:.2f}x |"
+        )
 
 if __name__ == "__main__":
     main()

@@ -388,6 +388,7 @@ class Controller:
             LearnerError,
         )
         self.published_version = new_version
+        learner_busy_s = time.monotonic() - t0  # training + writing the version
         targets = list(self.generators)
         outcomes = await _timed(
             asyncio.gather(*[g.update_weights.remote(new_version, str(path)) for g in targets], return_exceptions=True),
@@ -415,8 +416,33 @@ class Controller:
             "train_tokens_per_s": m["trained_tokens"] / max(1e-9, train_s),
             "publish_s": time.monotonic() - t0 - train_s,
             "update_stall_s": max(stalls) if stalls else 0.0,
+            "learner_busy_s": learner_busy_s,
             "version": new_version,
         }
+
+    async def _generator_busy(self, log: MetricsLogger) -> list[dict[str, Any]]:
+        """``stats()`` of every generator, or [] when one does not answer."""
+        try:
+            return list(await asyncio.wait_for(asyncio.gather(*[g.stats.remote() for g in self.generators]), 30))
+        except Exception as exc:  # a dead generator: utilisation is reported without them
+            log.event(f"generator statistics unavailable: {type(exc).__name__}: {exc}")
+            return []
+
+    async def _log_utilisation(self, log: MetricsLogger, wall_s: float, learner_busy_s: float) -> None:
+        """Log the ``utilisation`` record of the RL loop: the fraction of its wall-clock each
+        generator had a request in flight and the learner was training or writing weights."""
+        gen = []
+        for g, s in zip(self.generators, await self._generator_busy(log)):
+            # a generator replaced mid-run counts from its start, a fraction of its own lifetime
+            busy = s["busy_s"] - self._busy_at_loop_start.get(id(g), 0.0)
+            gen.append(min(1.0, busy / max(1e-9, min(wall_s, s["alive_s"]))))
+        log.log(
+            "utilisation",
+            rl_wall_s=wall_s,
+            learner_busy_fraction=min(1.0, learner_busy_s / max(1e-9, wall_s)),
+            generator_busy_fraction=sum(gen) / len(gen) if gen else float("nan"),
+            generator_busy_fractions=gen,
+        )
 
     def _dump_samples(self, examples: list[dict[str, Any]], version: int) -> None:
         """Append a few decoded episodes of the step to ``samples.jsonl`` (for reading, not training)."""
@@ -453,6 +479,8 @@ class Controller:
         attempts: Counter[int] = Counter()  # infra failures per prompt in this process
         abandoned: list[int] = list(getattr(state, "abandoned", []))
         t_start = time.monotonic()
+        learner_busy = 0.0  # seconds the learner spent training and writing versions
+        self._busy_at_loop_start = {id(g): st["busy_s"] for g, st in zip(self.generators, await self._generator_busy(log))}
         gen_tokens_at_start = gen_tokens
         log.event(f"RL loop started at version {version}", loop_start=True, step=version)
         wi = 0
@@ -471,7 +499,12 @@ class Controller:
                 pending[fut] = (idx, gid)
                 queue.mark_started()
             if train_task is None and queue.ready():
-                batch = queue.take_batch()
+                # in prompt order, whatever order the groups finished in: the same groups give
+                # bit-identical updates (sync and async with max_staleness 0 train the same)
+                batch = sorted(
+                    (sorted(g, key=lambda t: t.sample_index) for g in queue.take_batch()),
+                    key=lambda g: g[0].prompt_index if g else -1,
+                )
                 training_prompts = [g[0].prompt_index for g in batch if g]
                 train_task = asyncio.ensure_future(self._train(batch, version))
             waiting = set(pending) | ({train_task} if train_task else set())
@@ -487,6 +520,7 @@ class Controller:
                     train_task = None
                     stats = fut.result()  # a learner/generator failure stops the run loudly
                     version = stats["version"]
+                    learner_busy += stats["learner_busy_s"]
                     self._dump_samples(stats.pop("_examples", []), version)
                     queue.advance(version)
                     now = time.monotonic()
@@ -558,6 +592,7 @@ class Controller:
                     log.event(f"group {gid} failed on infrastructure {attempts[idx]} times ({error[:200]}); abandoned")
         for fut in pending:
             fut.cancel()
+        await self._log_utilisation(log, time.monotonic() - t_start, learner_busy)
         final = self.run_dir / "final"
         await _timed(
             asyncio.gather(*[lr.publish.remote(str(final), True) for lr in self.learners]),

@@ -103,6 +103,11 @@ class Generator:
         self._prefix = f"g{os.getpid()}-"
         self.tokens_generated = 0
         self.update_stalls_s: list[float] = []
+        self.busy_s = 0.0
+        """Seconds with at least one request in flight (finished intervals)."""
+        self._inflight = 0
+        self._busy_since: float | None = None
+        self._created = time.monotonic()
 
     async def start(self) -> dict[str, Any]:
         """Create the engine (tens of seconds on CPU). Returns facts about it."""
@@ -174,6 +179,24 @@ class Generator:
             skip_special_tokens=False,
         )
         request_id = f"{self._prefix}{next(self._ids)}"
+        self._busy_enter()
+        try:
+            return await self._generate(request_id, prompt_token_ids, params)
+        finally:
+            self._busy_exit()
+
+    def _busy_enter(self) -> None:
+        if self._inflight == 0:
+            self._busy_since = time.monotonic()
+        self._inflight += 1
+
+    def _busy_exit(self) -> None:
+        self._inflight -= 1
+        if self._inflight == 0 and self._busy_since is not None:
+            self.busy_s += time.monotonic() - self._busy_since
+            self._busy_since = None
+
+    async def _generate(self, request_id: str, prompt_token_ids: list[int], params: Any) -> Generation:
         final = None
 
         async def consume() -> None:
@@ -228,11 +251,16 @@ class Generator:
         return stall
 
     async def stats(self) -> dict[str, Any]:
-        """Counters: current version, tokens generated, weight-update stalls."""
+        """Counters: current version, tokens generated, weight-update stalls, ``busy_s`` (seconds
+        with at least one request in flight since start-up) and ``alive_s`` (seconds since
+        start-up)."""
+        busy = self.busy_s + (time.monotonic() - self._busy_since if self._busy_since is not None else 0.0)
         return {
             "version": self.version,
             "tokens_generated": self.tokens_generated,
             "update_stalls_s": list(self.update_stalls_s),
+            "busy_s": busy,
+            "alive_s": time.monotonic() - self._created,
         }
 
     async def shutdown(self) -> None:

@@ -57,8 +57,17 @@ def test_async_with_zero_staleness_equals_sync(tmp_path, tiny_calc_model):
     assert _weights(runs["async"] / "sft").keys() == sft.keys()
     moved = max((final["sync"][k] - sft[k]).abs().max().item() for k in sft)
     assert moved > 1e-4, "the RL steps did not change the parameters: the comparison would be empty"
-    for k in sft:
-        torch.testing.assert_close(final["async"][k], final["sync"][k], rtol=1e-5, atol=1e-6, msg=k)
-    for mode, run_dir in runs.items():
-        steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        assert all(s["staleness_hist"] == {"0": 8} for s in steps if s["kind"] == "step"), mode
+    # Same samples, same order, same losses; what remains is vLLM's behaviour log-probs, which
+    # vary at ~1e-7 with its batch composition and enter the loss through the importance
+    # weights; Adam's first steps magnify that to ~2e-6 on a ~2e-4 update. Training on
+    # different samples would differ by the size of the update itself.
+    diff = max((final["async"][k] - final["sync"][k]).abs().max().item() for k in sft)
+    assert diff < 0.05 * moved, (diff, moved)
+    steps = {
+        mode: [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "step"]
+        for mode, run_dir in runs.items()
+    }
+    for a, b in zip(steps["sync"], steps["async"], strict=True):
+        assert a["staleness_hist"] == b["staleness_hist"] == {"0": 8}
+        assert a["trained_tokens"] == b["trained_tokens"]
+        assert abs(a["loss"] - b["loss"]) < 1e-6, (a["loss"], b["loss"])

@@ -41,6 +41,8 @@ def test_train_tiny_calc_end_to_end(tmp_path, tiny_calc_model):
     for s in steps:
         assert s["samples"] == 8
         assert all(int(k) <= 1 for k in s["staleness_hist"])  # max_staleness = 1
+    (util,) = [r for r in records if r["kind"] == "utilisation"]
+    assert 0 < util["learner_busy_fraction"] <= 1 and 0 < util["generator_busy_fraction"] <= 1, util
     events = [r["message"] for r in records if r["kind"] == "event"]
     assert any("generator 0 restarted at version 1" in e for e in events), events
     published = sorted(p.name for p in (run_dir / "weights").iterdir())
