@@ -16,7 +16,9 @@ is a bug and shows its traceback.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from agentrl.errors import AgentRLError
@@ -54,11 +56,23 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _stop_on_signals() -> None:
+    """SIGTERM (a scheduler, ``kill``, a container stop) stops a run the way Ctrl-C does: the
+    controller's clean-up runs (actors, vLLM engines, sandboxes stopped) and the exit status is
+    130. SIGINT is honoured even where the shell started the process with it ignored (a
+    background job of a script)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
+
+
 def _train(args: argparse.Namespace) -> int:
     from agentrl.config import load_recipe
     from agentrl.engine.controller import Controller
 
     recipe = load_recipe(args.recipe, args.overrides)
+    _stop_on_signals()
     summary = Controller(recipe).run()
     print(
         f"done: {summary.steps} steps, weight version {summary.version}, {summary.samples_trained} samples trained, "

@@ -22,3 +22,35 @@ def test_model_init_tiny(tmp_path, capsys):
     assert (out / "config.json").exists() and (out / "tokenizer.json").exists()
     # a second init without --overwrite refuses to clobber the folder
     assert main(["model", "init", "tiny", str(out), "--rows", "200"]) == 2
+
+
+def test_sigterm_stops_like_ctrl_c():
+    """SIGTERM cancels the running controller coroutine (its clean-up runs), then KeyboardInterrupt."""
+    import asyncio
+    import os
+    import signal
+
+    import pytest
+
+    from agentrl.cli import _stop_on_signals
+
+    saved = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    cleaned = []
+
+    async def run() -> None:
+        try:
+            asyncio.get_running_loop().call_later(0.2, os.kill, os.getpid(), signal.SIGTERM)
+            await asyncio.sleep(30)
+        finally:
+            await asyncio.sleep(0)  # clean-up may still await
+            cleaned.append(True)
+
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as for a background job of a script
+        _stop_on_signals()
+        with pytest.raises(KeyboardInterrupt):
+            asyncio.run(run())
+    finally:
+        signal.signal(signal.SIGINT, saved[0])
+        signal.signal(signal.SIGTERM, saved[1])
+    assert cleaned == [True]
