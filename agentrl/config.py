@@ -122,8 +122,16 @@ class SandboxConfig(_Section):
 class GeneratorConfig(_Section):
     """The vLLM generators."""
 
+    backend: Literal["vllm", "http"] = "vllm"
+    """``vllm``: each generator is a vLLM engine inside a Ray actor; ``http``: each is a client of
+    a vLLM server started elsewhere (``VLLM_SERVER_DEV_MODE=1 vllm serve MODEL
+    --enable-scale-out``), one per entry of ``urls``; token ids in and out, weight versions
+    loaded in flight through the server's RL endpoints (the server must see the run
+    directory's ``weights/`` at the same path)."""
+    urls: list[str] = []
+    """Server base URLs for ``backend = "http"`` (e.g. ``["http://gpu-3:8000"]``)."""
     num_generators: int = Field(1, gt=0)
-    """How many generator actors (each one vLLM engine)."""
+    """How many generator actors (each one vLLM engine; with ``http``: ``len(urls)``)."""
     max_model_len: int = Field(2048, gt=0)
     """Longest sequence (prompt + generated) the engine accepts, tokens."""
     kv_cache_gib: float = Field(1.0, gt=0)
@@ -149,6 +157,15 @@ class GeneratorConfig(_Section):
     """Longest wait for one generation call or a weight update, seconds."""
     startup_timeout_s: float = Field(600.0, gt=0)
     """Longest wait for an engine to start, seconds."""
+
+
+    @model_validator(mode="after")
+    def _check_backend(self) -> GeneratorConfig:
+        if self.backend == "http" and not self.urls:
+            raise ValueError('backend = "http" needs urls (the vLLM servers\' base URLs)')
+        if self.backend == "vllm" and self.urls:
+            raise ValueError('urls are only used with backend = "http"')
+        return self
 
 
 class RolloutConfig(_Section):

@@ -184,13 +184,23 @@ class Controller:
             for rank in range(lcfg.num_ranks)
         ]
 
-    def _new_generator(self, settings: Any, version: int) -> Any:
-        """A (not yet started) generator actor with the recipe's placement."""
+    def _new_generator(self, settings: Any, version: int, index: int) -> Any:
+        """A (not yet started) generator actor number ``index`` with the recipe's placement:
+        a vLLM engine, or with ``backend = "http"`` a client of ``urls[index]`` that loads
+        ``settings.model`` into the server when it is a local folder (an SFT stage, a resumed
+        checkpoint, a replacement mid-run); a hub id is taken to be what the server serves."""
         import ray
 
         from agentrl.engine.generator import Generator
 
         g = self.recipe.generator
+        if g.backend == "http":
+            from agentrl.engine.http_generator import HttpGenerator
+
+            load = str(Path(settings.model).resolve()) if Path(settings.model).is_dir() else None
+            return ray.remote(HttpGenerator).options(num_cpus=0.1, runtime_env={"env_vars": self._env_vars}).remote(
+                g.urls[index], timeout_s=g.timeout_s, version=version, load=load
+            )
         return ray.remote(Generator).options(
             num_cpus=g.num_cpus, num_gpus=g.num_gpus, resources=dict(g.resources) or None,
             runtime_env={"env_vars": self._env_vars},
@@ -223,7 +233,7 @@ class Controller:
             ray.kill(gen, no_restart=True)
             weights = self.run_dir / "weights" / f"v{version:06d}"
             settings = replace(self._engine_settings, model=str(weights) if version > 0 and weights.exists() else self._engine_settings.model)
-            new = self._new_generator(settings, version)
+            new = self._new_generator(settings, version, i)
             await _timed(new.start.remote(), g.startup_timeout_s, f"restarting generator {i}", GeneratorError)
             self.generators[i] = new
             replaced += 1
@@ -274,7 +284,8 @@ class Controller:
             extra={"tensor_parallel_size": g.tensor_parallel_size} if g.tensor_parallel_size > 1 else {},
         )
         self._engine_settings, self._env_vars = settings, env_vars
-        self.generators = [self._new_generator(settings, version) for _ in range(g.num_generators)]
+        count = len(g.urls) if g.backend == "http" else g.num_generators
+        self.generators = [self._new_generator(settings, version, i) for i in range(count)]
         lcfg = r.learner
         self.learners = self._learner_actors(model, env_vars=env_vars) if with_learners else []
         gen_info, learner_info = await asyncio.gather(

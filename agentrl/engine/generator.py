@@ -22,7 +22,7 @@ from typing import Any
 
 from agentrl.errors import GeneratorError, ModelError
 
-__all__ = ["EngineSettings", "Generation", "Generator", "versions_from_spans"]
+__all__ = ["BusyClock", "EngineSettings", "Generation", "Generator", "versions_from_spans"]
 
 
 @dataclass
@@ -90,6 +90,35 @@ def versions_from_spans(spans: Any, n: int, fallback: int) -> list[int]:
     return out
 
 
+class BusyClock:
+    """Time with at least one request in flight, for busy fractions; ``with clock:`` around
+    each request (overlapping requests count once)."""
+
+    def __init__(self) -> None:
+        self.busy_s = 0.0
+        """Seconds of finished busy intervals."""
+        self.created = time.monotonic()
+        self._inflight = 0
+        self._since: float | None = None
+
+    def __enter__(self) -> BusyClock:
+        if self._inflight == 0:
+            self._since = time.monotonic()
+        self._inflight += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._inflight -= 1
+        if self._inflight == 0 and self._since is not None:
+            self.busy_s += time.monotonic() - self._since
+            self._since = None
+
+    def stats(self) -> dict[str, float]:
+        """``busy_s`` (including a busy interval still open) and ``alive_s`` (since creation)."""
+        now = time.monotonic()
+        return {"busy_s": self.busy_s + (now - self._since if self._since is not None else 0.0), "alive_s": now - self.created}
+
+
 class Generator:
     """One vLLM engine: ``generate`` (token ids in, token ids + logprobs + versions out) and
     ``update_weights`` (in-flight reload). Call ``start()`` once before use."""
@@ -103,11 +132,7 @@ class Generator:
         self._prefix = f"g{os.getpid()}-"
         self.tokens_generated = 0
         self.update_stalls_s: list[float] = []
-        self.busy_s = 0.0
-        """Seconds with at least one request in flight (finished intervals)."""
-        self._inflight = 0
-        self._busy_since: float | None = None
-        self._created = time.monotonic()
+        self.busy = BusyClock()
 
     async def start(self) -> dict[str, Any]:
         """Create the engine (tens of seconds on CPU). Returns facts about it."""
@@ -179,22 +204,8 @@ class Generator:
             skip_special_tokens=False,
         )
         request_id = f"{self._prefix}{next(self._ids)}"
-        self._busy_enter()
-        try:
+        with self.busy:
             return await self._generate(request_id, prompt_token_ids, params)
-        finally:
-            self._busy_exit()
-
-    def _busy_enter(self) -> None:
-        if self._inflight == 0:
-            self._busy_since = time.monotonic()
-        self._inflight += 1
-
-    def _busy_exit(self) -> None:
-        self._inflight -= 1
-        if self._inflight == 0 and self._busy_since is not None:
-            self.busy_s += time.monotonic() - self._busy_since
-            self._busy_since = None
 
     async def _generate(self, request_id: str, prompt_token_ids: list[int], params: Any) -> Generation:
         final = None
@@ -254,13 +265,11 @@ class Generator:
         """Counters: current version, tokens generated, weight-update stalls, ``busy_s`` (seconds
         with at least one request in flight since start-up) and ``alive_s`` (seconds since
         start-up)."""
-        busy = self.busy_s + (time.monotonic() - self._busy_since if self._busy_since is not None else 0.0)
         return {
             "version": self.version,
             "tokens_generated": self.tokens_generated,
             "update_stalls_s": list(self.update_stalls_s),
-            "busy_s": busy,
-            "alive_s": time.monotonic() - self._created,
+            **self.busy.stats(),
         }
 
     async def shutdown(self) -> None:

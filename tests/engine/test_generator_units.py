@@ -18,20 +18,21 @@ def test_busy_time_counts_overlapping_requests_once(monkeypatch) -> None:
     clock = Clock()
     monkeypatch.setattr(gen_mod.time, "monotonic", clock)
     g = Generator(EngineSettings(model="unused"))
-    g._busy_enter()  # request A at t=100
+    a, b, c = g.busy, g.busy, g.busy
+    a.__enter__()  # request A at t=100
     clock.now = 101.0
-    g._busy_enter()  # request B overlaps
+    b.__enter__()  # request B overlaps
     clock.now = 103.0
-    g._busy_exit()  # A done
+    a.__exit__(None, None, None)  # A done
     clock.now = 104.0
-    g._busy_exit()  # B done: busy 100..104
+    b.__exit__(None, None, None)  # B done: busy 100..104
     clock.now = 110.0  # idle
-    g._busy_enter()
+    c.__enter__()
     clock.now = 111.5  # still in flight: counted up to now
     stats = asyncio.run(g.stats())
     assert stats["busy_s"] == 5.5
     assert stats["alive_s"] == 11.5
-    assert g.busy_s == 4.0
+    assert g.busy.busy_s == 4.0
 
 
 def test_versions_from_spans() -> None:

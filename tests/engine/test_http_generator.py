@@ -1,0 +1,187 @@
+"""The HTTP generator: protocol handling against a scripted transport, and a real `vllm serve`."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from agentrl.engine.http_generator import HttpGenerator
+from agentrl.errors import GeneratorError
+
+BACKENDS = ["asyncio", "trio"]
+
+
+class Server:
+    """A scripted vLLM server: records the calls, answers like vLLM 0.32's endpoints."""
+
+    def __init__(self, *, rl_endpoints: bool = True, logprobs: int | None = None) -> None:
+        self.calls: list[tuple[str, str, dict]] = []
+        self.rl_endpoints = rl_endpoints
+        self.logprobs = logprobs
+        self.version = "0"
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else {}
+        self.calls.append((request.method, request.url.path, {**body, **dict(request.url.params)}))
+        path = request.url.path
+        if path == "/health":
+            return httpx.Response(200)
+        if not self.rl_endpoints and path not in ("/inference/v1/generate",):
+            return httpx.Response(404, json={"detail": "Not Found"})
+        if path == "/weight_info":
+            return httpx.Response(200, json={"weight_version": self.version})
+        if path == "/update_weight_version":
+            self.version = body["new_version"]
+            return httpx.Response(200, json={"success": True})
+        if path in ("/pause", "/resume"):
+            return httpx.Response(200, json={"status": path[1:]})
+        if path == "/collective_rpc":
+            return httpx.Response(200)  # vLLM answers an empty body when the method returns None
+        if path == "/inference/v1/generate":
+            ids = [7, 8, 9]
+            n = len(ids) if self.logprobs is None else self.logprobs
+            return httpx.Response(200, json={"choices": [{
+                "index": 0, "token_ids": ids, "finish_reason": "stop", "stop_reason": "</code>",
+                "logprobs": {"content": [{"token_id": t, "logprob": -0.5} for t in ids[:n]]},
+                "weight_versions": [{"version": self.version, "start": 0, "end": 3}],
+            }]})
+        return httpx.Response(404)
+
+
+@pytest.mark.parametrize("anyio_backend", BACKENDS)
+def test_generate_and_update_weights_protocol(anyio_backend, tmp_path) -> None:
+    server = Server()
+
+    async def go():
+        g = HttpGenerator("http://vllm:8000/", transport=httpx.MockTransport(server))
+        await g.start()
+        first = await g.generate([1, 2, 3], {"max_tokens": 3, "temperature": 1.0, "seed": 5})
+        stall = await g.update_weights(4, str(tmp_path / "v000004"))
+        second = await g.generate([1, 2, 3], {"max_tokens": 3})
+        stats = await g.stats()
+        await g.shutdown()
+        return first, stall, second, stats
+
+    first, stall, second, stats = anyio.run(go, backend=anyio_backend)
+    assert (first.token_ids, first.logprobs, first.versions, first.stop_reason) == ([7, 8, 9], [-0.5] * 3, [0, 0, 0], "</code>")
+    assert second.versions == [4, 4, 4] and stall >= 0
+    assert stats["version"] == 4 and stats["tokens_generated"] == 6 and stats["busy_s"] >= 0
+    gen_body = next(b for m, p, b in server.calls if p == "/inference/v1/generate")
+    assert gen_body["token_ids"] == [1, 2, 3]
+    assert gen_body["sampling_params"]["seed"] == 5 and gen_body["sampling_params"]["logprobs"] == 0
+    assert gen_body["sampling_params"]["include_stop_str_in_output"] is True
+    update = [(p, b) for m, p, b in server.calls if p in ("/pause", "/collective_rpc", "/update_weight_version", "/resume")]
+    assert [p for p, _ in update][-4:] == ["/pause", "/collective_rpc", "/update_weight_version", "/resume"]
+    assert update[-4][1]["mode"] == "keep"
+    assert update[-3][1] == {"method": "reload_weights", "kwargs": {"weights_path": str((tmp_path / "v000004").resolve())}}
+
+
+def test_server_without_rl_endpoints_is_a_clear_error() -> None:
+    g = HttpGenerator("http://vllm:8000", transport=httpx.MockTransport(Server(rl_endpoints=False)))
+    with pytest.raises(GeneratorError, match="VLLM_SERVER_DEV_MODE=1"):
+        anyio.run(g.start)
+
+
+def test_unreachable_server_and_bad_answers() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    with pytest.raises(GeneratorError, match="does not answer"):
+        anyio.run(HttpGenerator("http://nowhere:1", transport=httpx.MockTransport(refuse)).start)
+
+    async def mismatch():
+        g = HttpGenerator("http://vllm:8000", transport=httpx.MockTransport(Server(logprobs=2)))
+        await g.start()
+        await g.generate([1], {"max_tokens": 3})
+
+    with pytest.raises(GeneratorError, match="3 tokens but 2 logprobs"):
+        anyio.run(mismatch)
+    with pytest.raises(GeneratorError, match="not started"):
+        anyio.run(HttpGenerator("http://vllm:8000").generate, [1], {})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tiny_calc_model, tmp_path_factory):
+    """`vllm serve` of the tiny model with the RL and token-in/token-out endpoints on."""
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("vllm-serve") / "server.log"
+    cmd = [
+        str(Path(sys.executable).parent / "vllm"), "serve", str(tiny_calc_model), "--port", str(port),
+        "--max-model-len", "512", "--enforce-eager", "--enable-scale-out", "--seed", "0",
+        "--kv-cache-memory-bytes", str(256 * 2**20), "--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096",
+    ]
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, log_path.read_text()[-4000:]
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        else:
+            pytest.fail("vllm serve did not come up in 300 s:\n" + log_path.read_text()[-4000:])
+        yield url
+    finally:
+        os.killpg(proc.pid, 15)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+
+
+@pytest.mark.vllm
+def test_real_vllm_serve_tokens_versions_and_inflight_update(vllm_server, tiny_calc_model, tmp_path) -> None:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from agentrl.models.loading import load_tokenizer
+
+    # version 1: the same model with every weight nudged, so its log-probs differ
+    v1 = tmp_path / "v000001"
+    shutil.copytree(tiny_calc_model, v1)
+    sd = load_file(str(v1 / "model.safetensors"))
+    save_file({k: t + 0.05 * torch.randn_like(t) for k, t in sd.items()}, str(v1 / "model.safetensors"), metadata={"format": "pt"})
+    tok = load_tokenizer(str(tiny_calc_model))
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Compute 12*34+5."}], add_generation_prompt=True, tokenize=True)
+    if isinstance(prompt, dict):
+        prompt = prompt["input_ids"]
+    sampling = {"max_tokens": 12, "temperature": 1.0, "seed": 3}
+
+    async def go():
+        g = HttpGenerator(vllm_server, timeout_s=120)
+        info = await g.start()
+        a = await g.generate(prompt, sampling)
+        again = await g.generate(prompt, sampling)
+        stall = await g.update_weights(1, str(v1))
+        b = await g.generate(prompt, sampling)
+        await g.shutdown()
+        return info, a, again, stall, b
+
+    info, a, again, stall, b = anyio.run(go)
+    assert info["device"] == "remote"
+    assert 0 < len(a.token_ids) <= 12 and len(a.logprobs) == len(a.token_ids)
+    assert all(lp <= 0 for lp in a.logprobs)
+    assert a.versions == [0] * len(a.token_ids)
+    assert (again.token_ids, again.logprobs) == (a.token_ids, a.logprobs)  # seeded: reproducible
+    assert stall > 0 and b.versions == [1] * len(b.token_ids)
+    assert b.logprobs != a.logprobs  # the new weights are the ones sampling
