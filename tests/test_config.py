@@ -118,3 +118,16 @@ def test_every_field_documented():
 
     walk(Recipe)
     assert len(seen) > 5
+
+
+def test_http_generator_backend_needs_urls():
+    import pytest
+
+    from agentrl.config import Recipe
+
+    ok = Recipe.model_validate({"model": {"path": "m"}, "generator": {"backend": "http", "urls": ["http://a:8000"]}})
+    assert ok.generator.urls == ["http://a:8000"]
+    with pytest.raises(Exception, match="needs urls"):
+        Recipe.model_validate({"model": {"path": "m"}, "generator": {"backend": "http"}})
+    with pytest.raises(Exception, match="only used with"):
+        Recipe.model_validate({"model": {"path": "m"}, "generator": {"urls": ["http://a:8000"]}})
