@@ -167,14 +167,19 @@ class Latency:
         return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
 
 
-async def measure_latency(kind: str, workload: str, rounds: int, runs: int) -> Latency:
+async def measure_latency(kind: str, workload: str, rounds: int, runs: int, gap_s: float = 0.0) -> Latency:
+    """``runs`` executions per round, one at a time, ``gap_s`` apart (an episode's tool calls are
+    separated by a model turn; back-to-back load is what the throughput table measures)."""
     lat = Latency()
     code, expected = WORKLOADS[workload], EXPECTED[workload]
     sb = await make(kind, 1)
     try:
         await run_checked(sb, code, expected)  # warm-up: page cache, first container
         for _ in range(rounds):
-            times = [await run_checked(sb, code, expected) for _ in range(runs)]
+            times = []
+            for _ in range(runs):
+                await anyio.sleep(gap_s)
+                times.append(await run_checked(sb, code, expected))
             lat.samples += times
             lat.round_medians.append(statistics.median(times))
     finally:
@@ -278,8 +283,9 @@ def report(args: argparse.Namespace, lat: dict[tuple[str, str], Latency],
         f"load average at the end {os.getloadavg()[0]:.1f}).",
         "",
         "Latency of one execution at concurrency 1, wall clock around `await sandbox.run(code)` "
-        f"({args.rounds} rounds; ms). Ratio: median against the `python -I -S -c` baseline "
-        "(< 1 is faster).",
+        f"({args.rounds} rounds; ms), executions {args.gap_ms:g} ms apart (in an episode a model turn "
+        "separates two tool calls; back-to-back load is the throughput table's). Ratio: median "
+        "against the `python -I -S -c` baseline (< 1 is faster).",
         "",
     ]
     for workload in WORKLOADS:
@@ -380,7 +386,7 @@ async def main(args: argparse.Namespace) -> None:
             if kind == "docker-run":
                 runs = max(2, args.runs // 10)
             plan.append((f"latency {workload:8s} {kind}",
-                         functools.partial(measure_latency, kind, workload, args.rounds, runs)))
+                         functools.partial(measure_latency, kind, workload, args.rounds, runs, args.gap_ms / 1000)))
     for c in args.concurrency:
         for kind in BACKENDS:
             per_c = max(args.total, 4 * c) if kind != "bubblewrap-warm" else max(3 * args.total, 8 * c)
@@ -410,6 +416,7 @@ async def main(args: argparse.Namespace) -> None:
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3, help="latency rounds per backend and workload")
+    p.add_argument("--gap-ms", type=float, default=10.0, help="pause between latency executions, ms (0: back to back)")
     p.add_argument("--runs", type=int, default=40, help="executions per latency round (fast backends)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     p.add_argument("--total", type=int, default=60, help="executions per throughput measurement")
