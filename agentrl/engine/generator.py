@@ -22,7 +22,7 @@ from typing import Any
 
 from agentrl.errors import GeneratorError, ModelError
 
-__all__ = ["BusyClock", "EngineSettings", "Generation", "Generator", "versions_from_spans"]
+__all__ = ["BusyClock", "EngineSettings", "Generation", "Generator", "GeneratorCounters", "versions_from_spans"]
 
 
 @dataclass
@@ -119,20 +119,39 @@ class BusyClock:
         return {"busy_s": self.busy_s + (now - self._since if self._since is not None else 0.0), "alive_s": now - self.created}
 
 
-class Generator:
+class GeneratorCounters:
+    """Bookkeeping every generator type keeps: the weight version it serves, tokens generated,
+    weight-update stalls and busy time (``with self.busy:`` around each request)."""
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+        self.tokens_generated = 0
+        self.update_stalls_s: list[float] = []
+        self.busy = BusyClock()
+
+    async def stats(self) -> dict[str, Any]:
+        """Counters: current version, tokens generated, weight-update stalls, ``busy_s`` (seconds
+        with at least one request in flight since start-up) and ``alive_s`` (seconds since
+        start-up)."""
+        return {
+            "version": self.version,
+            "tokens_generated": self.tokens_generated,
+            "update_stalls_s": list(self.update_stalls_s),
+            **self.busy.stats(),
+        }
+
+
+class Generator(GeneratorCounters):
     """One vLLM engine: ``generate`` (token ids in, token ids + logprobs + versions out) and
     ``update_weights`` (in-flight reload). Call ``start()`` once before use."""
 
     def __init__(self, settings: EngineSettings, *, timeout_s: float = 300.0, version: int = 0) -> None:
+        super().__init__(version)
         self.settings = settings
         self.timeout_s = timeout_s
-        self.version = version
         self.engine: Any = None
         self._ids = itertools.count()
         self._prefix = f"g{os.getpid()}-"
-        self.tokens_generated = 0
-        self.update_stalls_s: list[float] = []
-        self.busy = BusyClock()
 
     async def start(self) -> dict[str, Any]:
         """Create the engine (tens of seconds on CPU). Returns facts about it."""
@@ -260,17 +279,6 @@ class Generator:
         stall = time.monotonic() - t0
         self.update_stalls_s.append(stall)
         return stall
-
-    async def stats(self) -> dict[str, Any]:
-        """Counters: current version, tokens generated, weight-update stalls, ``busy_s`` (seconds
-        with at least one request in flight since start-up) and ``alive_s`` (seconds since
-        start-up)."""
-        return {
-            "version": self.version,
-            "tokens_generated": self.tokens_generated,
-            "update_stalls_s": list(self.update_stalls_s),
-            **self.busy.stats(),
-        }
 
     async def shutdown(self) -> None:
         """Stop the engine and its processes."""

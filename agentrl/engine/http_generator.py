@@ -22,13 +22,13 @@ from typing import Any
 
 import httpx
 
-from agentrl.engine.generator import BusyClock, Generation, versions_from_spans
+from agentrl.engine.generator import Generation, GeneratorCounters, versions_from_spans
 from agentrl.errors import GeneratorError
 
 __all__ = ["HttpGenerator"]
 
 
-class HttpGenerator:
+class HttpGenerator(GeneratorCounters):
     """One remote vLLM server at ``url`` (e.g. ``http://gpu-node-3:8000``).
 
     ``timeout_s`` bounds every call (a generation, a weight update); ``version`` labels the
@@ -40,13 +40,10 @@ class HttpGenerator:
     ) -> None:
         """``load``: a weights folder the server loads (as ``version``) at :meth:`start`, for a
         client that replaces one that failed mid-run; ``transport``: an httpx transport (tests)."""
+        super().__init__(version)
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
-        self.version = version
         self.load = load
-        self.tokens_generated = 0
-        self.update_stalls_s: list[float] = []
-        self.busy = BusyClock()
         self._client: httpx.AsyncClient | None = None
         self._transport = transport
 
@@ -129,15 +126,6 @@ class HttpGenerator:
         stall = time.monotonic() - t0
         self.update_stalls_s.append(stall)
         return stall
-
-    async def stats(self) -> dict[str, Any]:
-        """Counters, as :meth:`Generator.stats`."""
-        return {
-            "version": self.version,
-            "tokens_generated": self.tokens_generated,
-            "update_stalls_s": list(self.update_stalls_s),
-            **self.busy.stats(),
-        }
 
     async def shutdown(self) -> None:
         """Close the connection pool (the server keeps running: it is not ours)."""
