@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.e2e.helpers import REPO, train_cmd
+
 RAY = str(Path(sys.executable).parent / "ray")
 
 
@@ -39,18 +40,16 @@ def test_generator_runs_on_second_node(tmp_path, tiny_calc_model):
             check=True, capture_output=True, timeout=120, env=env,
         )
         run_dir = tmp_path / "run"
-        cmd = [
-            sys.executable, "-m", "agentrl.cli", "train", str(REPO / "recipes" / "tiny_calc.toml"),
-            "--set", f"run_dir='{run_dir}'",
-            "--set", f"model.path='{tiny_calc_model}'",
-            "--set", f"ray.address='{address}'",
-            "--set", "generator.resources={gen_node = 1}",
-            "--set", "sft.steps=0",
-            "--set", "eval.limit=0",
-            "--set", "learner.max_steps=2",
-            "--set", "learner.batch_size=8",
-            "--set", "rollout.max_new_tokens=16",
-        ]
+        cmd = train_cmd(
+            run_dir, tiny_calc_model,
+            f"ray.address='{address}'",
+            "generator.resources={gen_node = 1}",
+            "sft.steps=0",
+            "eval.limit=0",
+            "learner.max_steps=2",
+            "learner.batch_size=8",
+            "rollout.max_new_tokens=16",
+        )
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-5000:]
         events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -4,26 +4,26 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.e2e.helpers import REPO, train_cmd
 
 
 @pytest.mark.e2e
 @pytest.mark.vllm
 def test_ctrl_c_leaves_no_orphan(tmp_path, tiny_calc_model):
     run_dir = tmp_path / "run"
-    cmd = [
-        sys.executable, "-m", "agentrl.cli", "train", str(REPO / "recipes" / "tiny_calc.toml"),
-        "--set", f"run_dir='{run_dir}'", "--set", f"model.path='{tiny_calc_model}'",
-        "--set", "sft.steps=0", "--set", "eval.limit=0", "--set", "learner.max_steps=100",
-        "--set", "learner.batch_size=8", "--set", "rollout.max_new_tokens=16",
-    ]
+    cmd = train_cmd(
+        run_dir, tiny_calc_model,
+        "sft.steps=0",
+        "eval.limit=0",
+        "learner.max_steps=100",
+        "learner.batch_size=8",
+        "rollout.max_new_tokens=16",
+    )
     log = open(tmp_path / "run.log", "w")
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     seen: dict[int, psutil.Process] = {}

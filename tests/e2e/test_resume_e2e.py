@@ -4,29 +4,25 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.e2e.helpers import REPO, train_cmd
 
 
 def _cmd(run_dir, model):
-    return [
-        sys.executable, "-m", "agentrl.cli", "train", str(REPO / "recipes" / "tiny_calc.toml"),
-        "--set", f"run_dir='{run_dir}'",
-        "--set", f"model.path='{model}'",
-        "--set", "sft.steps=0",
-        "--set", "eval.limit=0",
-        "--set", "learner.max_steps=5",
-        "--set", "learner.batch_size=8",
-        "--set", "rollout.max_new_tokens=16",
-        "--set", "checkpoint.every_steps=1",
-        "--set", "checkpoint.keep=2",
-    ]
+    return train_cmd(
+        run_dir, model,
+        "sft.steps=0",
+        "eval.limit=0",
+        "learner.max_steps=5",
+        "learner.batch_size=8",
+        "rollout.max_new_tokens=16",
+        "checkpoint.every_steps=1",
+        "checkpoint.keep=2",
+    )
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:

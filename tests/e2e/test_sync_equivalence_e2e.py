@@ -3,35 +3,32 @@ parameters (real Ray, vLLM, FSDP2 and bubblewrap; sampling is seeded per episode
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.e2e.helpers import REPO, train_cmd
 
 
 def _train(run_dir: Path, model: Path, mode: str) -> None:
-    cmd = [
-        sys.executable, "-m", "agentrl.cli", "train", str(REPO / "recipes" / "tiny_calc.toml"),
-        "--set", f"run_dir='{run_dir}'",
-        "--set", f"model.path='{model}'",
-        "--set", f"mode={mode}",
-        "--set", "algo.max_staleness=0",
+    cmd = train_cmd(
+        run_dir, model,
+        f"mode={mode}",
+        "algo.max_staleness=0",
         # a short warm-up so that episodes differ in length, and a length penalty so that
         # rewards differ within a group: the RL steps then move the parameters
-        "--set", "sft.steps=30",
-        "--set", "algo.overlong_max_tokens=24",
-        "--set", "algo.overlong_buffer_tokens=20",
-        "--set", "learner.max_steps=2",
-        "--set", "learner.batch_size=8",
-        "--set", "rollout.group_size=4",
-        "--set", "rollout.max_new_tokens=24",
-        "--set", "data.limit=64",
-        "--set", "eval.limit=0",
-    ]
+        "sft.steps=30",
+        "algo.overlong_max_tokens=24",
+        "algo.overlong_buffer_tokens=20",
+        "learner.max_steps=2",
+        "learner.batch_size=8",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=24",
+        "data.limit=64",
+        "eval.limit=0",
+    )
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 

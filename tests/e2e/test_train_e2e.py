@@ -3,30 +3,26 @@
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.e2e.helpers import REPO, train_cmd
 
 
 @pytest.mark.e2e
 @pytest.mark.vllm
 def test_train_tiny_calc_end_to_end(tmp_path, tiny_calc_model):
     run_dir = tmp_path / "run"
-    cmd = [
-        sys.executable, "-m", "agentrl.cli", "train", str(REPO / "recipes" / "tiny_calc.toml"),
-        "--set", f"run_dir='{run_dir}'",
-        "--set", f"model.path='{tiny_calc_model}'",
-        "--set", "learner.max_steps=4",
-        "--set", "learner.batch_size=8",
-        "--set", "rollout.group_size=4",
-        "--set", "rollout.max_new_tokens=24",
-        "--set", "data.limit=64",
-        "--set", "sft.steps=0",
-        "--set", "eval.limit=0",
-    ]
+    cmd = train_cmd(
+        run_dir, tiny_calc_model,
+        "learner.max_steps=4",
+        "learner.batch_size=8",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=24",
+        "data.limit=64",
+        "sft.steps=0",
+        "eval.limit=0",
+    )
     # a generator is killed after the first step (as if its node died): the run must replace it,
     # keep the episodes it lost out of the loss, and finish
     env = {**os.environ, "RAY_DEDUP_LOGS": "0", "AGENTRL_FAULT_KILL_GENERATOR_AFTER_STEP": "1"}
