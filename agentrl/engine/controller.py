@@ -51,7 +51,8 @@ class RunSummary:
     dropped_prompts: list[int] = field(default_factory=list)
     """Prompts whose groups were dropped as over-stale."""
     abandoned_prompts: list[int] = field(default_factory=list)
-    """Prompts given up after failing on infrastructure ``_MAX_PROMPT_ATTEMPTS`` times in a row."""
+    """Prompts given up after their whole group failed on infrastructure ``_MAX_PROMPT_ATTEMPTS``
+    times (counted since the process started)."""
 
 
 def _free_port() -> int:
@@ -510,12 +511,7 @@ class Controller:
                 pending[fut] = (idx, gid)
                 queue.mark_started()
             if train_task is None and queue.ready():
-                # in prompt order, whatever order the groups finished in: the same groups give
-                # bit-identical updates (sync and async with max_staleness 0 train the same)
-                batch = sorted(
-                    (sorted(g, key=lambda t: t.sample_index) for g in queue.take_batch()),
-                    key=lambda g: g[0].prompt_index if g else -1,
-                )
+                batch = queue.take_batch()  # in prompt order: reproducible updates
                 training_prompts = [g[0].prompt_index for g in batch if g]
                 train_task = asyncio.ensure_future(self._train(batch, version))
             waiting = set(pending) | ({train_task} if train_task else set())

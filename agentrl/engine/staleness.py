@@ -98,8 +98,10 @@ class StalenessQueue:
     def take_batch(self) -> list[list[Trajectory]]:
         """Remove and return ``batch_size`` samples as whole groups (call ``ready()`` first).
 
-        The stalest groups go first (oldest token version, then arrival order): a slow episode
-        that finished late is trained before it ages past the bound, instead of being dropped.
+        The stalest groups are taken first (oldest token version, then arrival order): a slow
+        episode that finished late is trained before it ages past the bound, instead of being
+        dropped. The batch comes back in prompt order, each group in sample order, whatever order
+        the groups finished in: the same groups always make the same (bit-identical) update.
         """
         self._prune()
 
@@ -117,7 +119,10 @@ class StalenessQueue:
             n += len(group)
         self._groups = deque(order)
         self.stats.trained += n
-        return batch
+        return sorted(
+            (sorted(g, key=lambda t: t.sample_index) for g in batch),
+            key=lambda g: g[0].prompt_index if g else -1,
+        )
 
     def advance(self, version: int) -> None:
         """The learner now holds weights ``version`` (admits more samples, ages the queue)."""

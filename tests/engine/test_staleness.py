@@ -2,7 +2,7 @@ from agentrl.engine.staleness import StalenessQueue
 from agentrl.engine.trajectory import Trajectory
 
 
-def traj(version: int, group: str = "g", i: int = 0) -> Trajectory:
+def traj(version: int, group: str = "g", i: int = 0, prompt: int = 0) -> Trajectory:
     return Trajectory(
         tokens=[1, 2, 3],
         loss_mask=[0, 1, 1],
@@ -11,7 +11,7 @@ def traj(version: int, group: str = "g", i: int = 0) -> Trajectory:
         reward=1.0,
         group_id=group,
         sample_index=i,
-        prompt_index=0,
+        prompt_index=prompt,
     )
 
 
@@ -66,3 +66,11 @@ def test_stalest_groups_are_trained_first():
     batch = q.take_batch()
     assert [t.group_id for g in batch for t in g] == ["slow", "slow"]
     assert len(q) == 2
+
+
+def test_batch_comes_in_prompt_order_whatever_the_arrival_order():
+    q = StalenessQueue(batch_size=4, group_size=2, max_staleness=1)
+    q.put([traj(0, "p7", 1, prompt=7), traj(0, "p7", 0, prompt=7)])
+    q.put([traj(0, "p3", 0, prompt=3), traj(0, "p3", 1, prompt=3)])
+    batch = q.take_batch()
+    assert [(t.prompt_index, t.sample_index) for g in batch for t in g] == [(3, 0), (3, 1), (7, 0), (7, 1)]
