@@ -157,6 +157,14 @@ class GeneratorConfig(_Section):
     """Longest wait for one generation call or a weight update, seconds."""
     startup_timeout_s: float = Field(600.0, gt=0)
     """Longest wait for an engine to start, seconds."""
+    weight_sync: Literal["disk", "nccl", "gloo"] = "disk"
+    """How each new weight version reaches the generators. ``disk``: the learner writes a
+    safetensors folder, the generators reload it in flight. ``nccl`` (GPUs; learner and
+    generators on different devices) or ``gloo`` (any machine): learner rank 0 broadcasts the
+    parameters straight into the vLLM workers through vLLM's weight-transfer engine, nothing is
+    written. A collective that fails or times out is reported and the run goes on with ``disk``."""
+    weight_sync_timeout_s: float = Field(300.0, gt=0)
+    """Longest wait for forming the transfer group and for each collective, seconds."""
 
 
     @model_validator(mode="after")
@@ -165,6 +173,8 @@ class GeneratorConfig(_Section):
             raise ValueError('backend = "http" needs urls (the vLLM servers\' base URLs)')
         if self.backend == "vllm" and self.urls:
             raise ValueError('urls are only used with backend = "http"')
+        if self.backend == "http" and self.weight_sync != "disk":
+            raise ValueError(f'weight_sync = "{self.weight_sync}" needs backend = "vllm" (http generators load versions from disk)')
         return self
 
 

@@ -86,5 +86,10 @@ class LearnerError(InfraError):
     """A learner rank failed or did not answer in time."""
 
 
+class WeightSyncError(InfraError):
+    """Sending a weight version to the generators over a collective failed or ran past its
+    timeout; the run falls back to loading versions from disk."""
+
+
 class TimeoutError_(InfraError, TimeoutError):
     """A wait ran past its deadline. Also a builtin :class:`TimeoutError`."""

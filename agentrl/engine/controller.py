@@ -25,7 +25,7 @@ from agentrl.engine.metrics import MetricsLogger
 from agentrl.engine.run_state import RunState, latest_checkpoint, prune_checkpoints, read_state, truncate_logs, write_checkpoint_state
 from agentrl.engine.staleness import StalenessQueue
 from agentrl.engine.trajectory import Trajectory
-from agentrl.errors import AgentRLError, GeneratorError, InfraError, LearnerError, TimeoutError_
+from agentrl.errors import AgentRLError, GeneratorError, InfraError, LearnerError, TimeoutError_, WeightSyncError
 
 __all__ = ["Controller", "RunSummary", "prepare_model"]
 
@@ -94,7 +94,10 @@ class Controller:
         self.tokenizer_source: str | None = None
         """The folder or hub id the tokenizer is read from (weights folders may not hold one)."""
         self.published_version = 0
-        """Newest weight version written by the learner (restarted generators load it)."""
+        """Newest weight version the generators were given (restarted generators load the newest
+        one written to disk)."""
+        self.transfer_active = False
+        """Versions go to the generators over the weight-transfer group (else through disk)."""
         self._heal_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ set-up
@@ -232,16 +235,30 @@ class Controller:
                 except Exception as exc:  # dead actor, crashed engine, no answer
                     reason = f"{type(exc).__name__}: {str(exc)[:200]}"
             ray.kill(gen, no_restart=True)
-            weights = self.run_dir / "weights" / f"v{version:06d}"
-            settings = replace(self._engine_settings, model=str(weights) if version > 0 and weights.exists() else self._engine_settings.model)
-            new = self._new_generator(settings, version, i)
+            if self.transfer_active:  # the transfer group lost a member
+                self.transfer_active = False
+                log.event(f"weight sync over {g.weight_sync} ended (generator {i} replaced); versions go through disk from now on", weight_sync_fallbacks=1)
+            on_disk, weights = self._newest_on_disk(version)
+            settings = replace(self._engine_settings, model=str(weights) if weights is not None else self._engine_settings.model)
+            new = self._new_generator(settings, on_disk, i)
             await _timed(new.start.remote(), g.startup_timeout_s, f"restarting generator {i}", GeneratorError)
             self.generators[i] = new
             replaced += 1
-            log.event(f"generator {i} restarted at version {version} ({reason})", generator_restarts=1)
+            log.event(f"generator {i} restarted at version {on_disk} ({reason})", generator_restarts=1)
         if replaced:
             await asyncio.gather(*[w.set_generators.remote(self.generators) for w in self.workers])
         return replaced
+
+    def _newest_on_disk(self, version: int) -> tuple[int, Path | None]:
+        """The newest published weight folder at or below ``version`` (``(0, None)``: none, start
+        from the initial model). With a collective weight sync, versions are not written."""
+        for v in range(version, 0, -1):
+            folder = self.run_dir / "weights" / f"v{v:06d}"
+            if folder.exists():
+                return v, folder
+            if not (self.run_dir / "weights").exists():
+                break
+        return 0, None
 
     async def _catch_up_replacements(self, updated: list[Any], version: int) -> None:
         """Load ``version`` into generators that a concurrent repair started (on older weights)
@@ -251,6 +268,8 @@ class Controller:
         if not fresh:
             return
         path = str(self.run_dir / "weights" / f"v{version:06d}")
+        if not Path(path).exists():  # broadcast, not written: write it now for the newcomers
+            await _timed(asyncio.gather(*[lr.publish.remote(path) for lr in self.learners]), self.recipe.learner.timeout_s, f"publishing version {version}", LearnerError)
         outcomes = await _timed(
             asyncio.gather(*[g.update_weights.remote(version, path) for g in fresh], return_exceptions=True),
             self.recipe.generator.timeout_s + 30,
@@ -282,6 +301,7 @@ class Controller:
             enable_prefix_caching=g.enable_prefix_caching,
             cpu_threads_bind=g.cpu_threads_bind,
             seed=r.seed,
+            weight_transfer=None if g.weight_sync == "disk" else g.weight_sync,
             extra={"tensor_parallel_size": g.tensor_parallel_size} if g.tensor_parallel_size > 1 else {},
         )
         self._engine_settings, self._env_vars = settings, env_vars
@@ -392,6 +412,43 @@ class Controller:
         )
         train_s = time.monotonic() - t0
         new_version = version + 1
+        stalls, learner_busy_s = await self._sync_weights(new_version, t0)
+        self._prune_versions(new_version)
+        m = results[0]
+        examples = [
+            {"group_id": t.group_id, "reward": t.reward, "status": t.status, "text": t.info.get("text", "")}
+            for t in batch[0][:2]
+        ]
+        return {
+            "_examples": examples,
+            **stats,
+            **{k: v for k, v in m.items() if k != "step"},
+            "staleness_hist": dict(hist),
+            "train_tokens_per_s": m["trained_tokens"] / max(1e-9, train_s),
+            "publish_s": time.monotonic() - t0 - train_s,
+            "update_stall_s": max(stalls) if stalls else 0.0,
+            "learner_busy_s": learner_busy_s,
+            "version": new_version,
+        }
+
+    async def _sync_weights(self, new_version: int, t0: float) -> tuple[list[float], float]:
+        """Bring the generators to ``new_version``: broadcast over the transfer group when one is
+        active, else (or when the broadcast fails) write the version to disk and load it in
+        flight. Returns the generation stalls and the learner's busy time since ``t0``."""
+        r = self.recipe
+        if self.transfer_active:
+            try:
+                took = await _timed(
+                    asyncio.gather(*[lr.send_weights.remote(new_version) for lr in self.learners]),
+                    r.generator.weight_sync_timeout_s + 30,
+                    f"broadcasting version {new_version}",
+                    WeightSyncError,
+                )
+                self.published_version = new_version
+                return [took[0]], time.monotonic() - t0
+            except AgentRLError as exc:
+                self.transfer_active = False
+                self.log.event(f"weight sync over {r.generator.weight_sync} failed, versions go through disk from now on: {exc}", weight_sync_fallbacks=1)
         path = self.run_dir / "weights" / f"v{new_version:06d}"
         await _timed(
             asyncio.gather(*[lr.publish.remote(str(path)) for lr in self.learners]),
@@ -414,23 +471,32 @@ class Controller:
             self.log.event(f"generators {broken} failed to load version {new_version}: {outcomes[broken[0]]!r:.200}")
             await self._heal_generators(new_version, self.log, force=tuple(targets[i] for i in broken))
         await self._catch_up_replacements(targets, new_version)
-        self._prune_versions(new_version)
-        m = results[0]
-        examples = [
-            {"group_id": t.group_id, "reward": t.reward, "status": t.status, "text": t.info.get("text", "")}
-            for t in batch[0][:2]
-        ]
-        return {
-            "_examples": examples,
-            **stats,
-            **{k: v for k, v in m.items() if k != "step"},
-            "staleness_hist": dict(hist),
-            "train_tokens_per_s": m["trained_tokens"] / max(1e-9, train_s),
-            "publish_s": time.monotonic() - t0 - train_s,
-            "update_stall_s": max(stalls) if stalls else 0.0,
-            "learner_busy_s": learner_busy_s,
-            "version": new_version,
-        }
+        return stalls, learner_busy_s
+
+    async def _connect_weight_transfer(self, log: MetricsLogger) -> None:
+        """Form the learner-to-generators transfer group when ``weight_sync`` is a collective;
+        if it cannot be formed, say why and go on with disk."""
+        g = self.recipe.generator
+        self.transfer_active = False
+        if g.weight_sync == "disk" or not self.learners:
+            return
+        world = 1 + len(self.generators) * g.tensor_parallel_size
+        try:
+            address, port = await _timed(self.learners[0].weight_transfer_endpoint.remote(), 60, "choosing the weight-transfer endpoint", WeightSyncError)
+            await _timed(
+                asyncio.gather(*[
+                    lr.connect_weight_transfer.remote(g.weight_sync, address, port, world, self.generators, g.weight_sync_timeout_s, self.recipe.model.dtype)
+                    for lr in self.learners
+                ]),
+                g.weight_sync_timeout_s + 30,
+                "forming the weight-transfer group",
+                WeightSyncError,
+            )
+        except AgentRLError as exc:
+            log.event(f"weight sync over {g.weight_sync} unavailable, versions go through disk: {exc}", weight_sync_fallbacks=1)
+            return
+        self.transfer_active = True
+        log.event(f"weight sync: {g.weight_sync} broadcast from learner rank 0 to {world - 1} generator workers at {address}:{port}")
 
     async def _generator_busy(self, log: MetricsLogger) -> list[dict[str, Any]]:
         """``stats()`` of every generator, or [] when one does not answer."""
@@ -659,6 +725,7 @@ class Controller:
                     asyncio.gather(*[lr.load_checkpoint.remote(str(ckpt / "learner")) for lr in self.learners]),
                     r.learner.timeout_s, "loading the learner checkpoint", LearnerError,
                 )
+            await self._connect_weight_transfer(log)
             if (r.eval.limit or r.mode == "eval") and state is None:
                 self.eval_rows = load_rows(
                     r.eval.source or r.data.source, split=r.eval.split,

@@ -49,6 +49,9 @@ class EngineSettings:
     """``VLLM_CPU_OMP_THREADS_BIND`` on CPU."""
     seed: int = 0
     """Engine seed."""
+    weight_transfer: str | None = None
+    """Collective weight-sync backend (``nccl`` or ``gloo``, see
+    :mod:`agentrl.engine.weight_transfer`); None = versions are loaded from disk only."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Further ``AsyncEngineArgs`` keyword arguments, passed through."""
 
@@ -174,6 +177,11 @@ class Generator(GeneratorCounters):
             # reproducible, so prefills are scheduled whole on CPU.
             memory["enable_chunked_prefill"] = False
             memory["max_num_batched_tokens"] = max(s.max_model_len, 4096)
+        if s.weight_transfer is not None:
+            from agentrl.engine.weight_transfer import register
+
+            register()
+            memory["weight_transfer_config"] = {"backend": s.weight_transfer}
         args = AsyncEngineArgs(
             model=s.model,
             tokenizer=s.tokenizer or s.model,
@@ -277,6 +285,63 @@ class Generator(GeneratorCounters):
             raise GeneratorError(f"weight update to version {version} from {path} failed: {exc}") from exc
         self.version = version
         stall = time.monotonic() - t0
+        self.update_stalls_s.append(stall)
+        return stall
+
+    # ------------------------------------------------------------ collective weight sync
+    # Driven by the learner through agentrl.engine.weight_transfer.GeneratorClient.
+
+    async def _bounded(self, aw: Any, what: str) -> Any:
+        if self.engine is None:
+            raise GeneratorError("generator not started")
+        try:
+            return await asyncio.wait_for(aw, self.timeout_s)
+        except asyncio.TimeoutError:
+            raise GeneratorError(f"{what} ran past {self.timeout_s} s") from None
+        except GeneratorError:
+            raise
+        except Exception as exc:
+            raise GeneratorError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
+
+    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
+        """Join the learner's transfer group (blocks until the learner joins too)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        await self._bounded(self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info)), "joining the weight-transfer group")
+
+    async def shutdown_weight_transfer(self) -> None:
+        """Leave the transfer group (generation goes on)."""
+        await self._bounded(self.engine.shutdown_weight_transfer_engine(), "leaving the weight-transfer group")
+
+    async def begin_weight_update(self) -> None:
+        """Pause generation (mode ``keep``: requests stay in the engine) and open an update."""
+        self._update_t0 = time.monotonic()
+        await self._bounded(self.engine.pause_generation(mode="keep", clear_cache=True), "pausing for a weight update")
+        try:
+            await self._bounded(self.engine.start_weight_update(), "starting a weight update")
+        except BaseException:
+            await self.engine.resume_generation()
+            raise
+
+    async def receive_weights(self, update_info: dict[str, Any]) -> None:
+        """Receive the parameters listed in ``update_info`` from the learner's broadcast. On failure
+        generation resumes (the caller then reloads a consistent version from disk)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        try:
+            await self._bounded(self.engine.update_weights(WeightTransferUpdateRequest(update_info=update_info)), "receiving weights")
+        except BaseException:
+            await self.engine.resume_generation()
+            raise
+
+    async def end_weight_update(self, version: int) -> float:
+        """Finish the update, label the weights ``version`` and resume. Returns the stall (s)."""
+        try:
+            await self._bounded(self.engine.finish_weight_update(str(version)), "finishing a weight update")
+            self.version = version
+        finally:
+            await self.engine.resume_generation()
+        stall = time.monotonic() - getattr(self, "_update_t0", time.monotonic())
         self.update_stalls_s.append(stall)
         return stall
 

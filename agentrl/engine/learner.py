@@ -620,6 +620,54 @@ class Learner:
             tokenizer = load_tokenizer(self.tokenizer_name)
         return str(write_hf_folder(sd, self.config, Path(out_dir), tokenizer))
 
+    def weight_transfer_endpoint(self) -> tuple[str, int]:
+        """This rank's address and a free port: where the weight-transfer group meets."""
+        from agentrl.engine.weight_transfer import free_endpoint
+
+        return free_endpoint()
+
+    def connect_weight_transfer(
+        self, backend: str, address: str, port: int, world_size: int, generators: list[Any], timeout_s: float, wire_dtype: str
+    ) -> None:
+        """Form the weight-transfer group with the generator actors (collective over the learner
+        ranks; rank 0 is the group's sender and drives the generators, the others only take
+        part in the FSDP gathers). ``world_size`` = 1 + the generators' vLLM workers."""
+        from agentrl.engine.weight_transfer import GeneratorClient, model_source, trainer_connect
+        from agentrl.errors import WeightSyncError
+
+        self._require_setup()
+        self._transfer_client = GeneratorClient(generators, timeout_s) if self.rank == 0 else None
+        try:
+            self._transfer = trainer_connect(
+                backend, rank=self.rank, address=address, port=port, world_size=world_size,
+                client=self._transfer_client, source=model_source(self.policy.lm, getattr(torch, wire_dtype)),
+                timeout_s=timeout_s,
+            )
+        except WeightSyncError:
+            raise
+        except Exception as exc:
+            raise WeightSyncError(f"rank {self.rank}: forming the {backend} weight-transfer group at {address}:{port} failed: {type(exc).__name__}: {exc}") from exc
+
+    def send_weights(self, version: int) -> float:
+        """Broadcast the current parameters to the generators as ``version`` (collective over
+        the learner ranks). Returns the seconds it took."""
+        from agentrl.errors import WeightSyncError
+
+        if getattr(self, "_transfer", None) is None:
+            raise WeightSyncError("no weight-transfer group: call connect_weight_transfer first")
+        t0 = time.monotonic()
+        if self._transfer_client is not None:
+            self._transfer_client.version = version
+        try:
+            self._transfer.send_weights()
+        except WeightSyncError:
+            self._transfer = None
+            raise
+        except Exception as exc:
+            self._transfer = None  # a failed collective leaves the group unusable
+            raise WeightSyncError(f"rank {self.rank}: sending version {version} failed: {type(exc).__name__}: {exc}") from exc
+        return time.monotonic() - t0
+
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, out_dir: str) -> str:
         """Save everything needed to resume (collective): the sharded model and AdamW state with

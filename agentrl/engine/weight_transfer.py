@@ -1,0 +1,301 @@
+"""Weight sync over a collective: the learner broadcasts each version straight into the
+generators' vLLM workers through vLLM's weight-transfer engine API.
+
+Backends (``[generator] weight_sync``):
+
+* ``nccl`` — vLLM's own NCCL engine (GPU learner and GPU generators on different devices);
+* ``gloo`` — the same protocol over a torch ``gloo`` group (CPU, or any machine without NCCL),
+  implemented here as a vLLM weight-transfer engine and registered with vLLM as a general plugin
+  (the ``vllm.general_plugins`` entry point ``agentrl``), so that vLLM's worker processes find it.
+
+The round trip is vLLM's: trainer rank 0 drives the inference side through a *client*
+(``start_weight_update`` → ``update_weights`` while it broadcasts → ``finish_weight_update``).
+Here the client is :class:`GeneratorClient`, which calls the generator actors; each generator
+pauses generation with mode ``keep`` around the update, so requests in flight survive it and their
+tokens carry both versions. Every collective and every call has a timeout; a failure raises
+:class:`~agentrl.errors.WeightSyncError`, it never hangs.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, ClassVar
+
+import torch
+
+__all__ = [
+    "BACKENDS",
+    "GeneratorClient",
+    "model_source",
+    "free_endpoint",
+    "register",
+    "trainer_connect",
+]
+
+BACKENDS = ("nccl", "gloo")
+"""Collective weight-sync backends a recipe may name (``disk`` is the default, not a collective)."""
+
+
+def free_endpoint() -> tuple[str, int]:
+    """This node's address and a free TCP port, for the transfer group's rendezvous."""
+    try:
+        import ray
+
+        address = ray.util.get_node_ip_address()
+    except Exception:
+        address = "127.0.0.1"
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return address, int(s.getsockname()[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# the weights to send
+# ---------------------------------------------------------------------------------------------
+
+
+def _clean_name(name: str) -> str:
+    """A parameter name as the Hugging Face checkpoint spells it (no wrapper prefixes)."""
+    for wrapper in ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_orig_mod."):
+        name = name.replace(wrapper, "")
+    return name
+
+
+def model_source(module: torch.nn.Module, wire_dtype: torch.dtype) -> Any:
+    """The learner's parameters as a vLLM ``WeightSource``: Hugging Face names, full tensors
+    (FSDP shards are gathered with ``full_tensor()``, a collective every learner rank runs in the
+    same order), cast to ``wire_dtype`` (the generators' dtype) on the way out."""
+    return _classes()["source"](module, wire_dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# the inference side, as seen from trainer rank 0
+# ---------------------------------------------------------------------------------------------
+
+
+class GeneratorClient:
+    """vLLM's ``VLLMWeightSyncClient`` protocol over agentrl generator actors (Ray handles).
+
+    Each call fans out to every generator and waits for all of them, at most ``timeout_s``.
+    ``version`` is the label the generators give the weights at ``finish_weight_update``.
+    """
+
+    def __init__(self, generators: list[Any], timeout_s: float) -> None:
+        self.generators = list(generators)
+        self.timeout_s = timeout_s
+        self.version: int | None = None
+
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        import ray
+
+        from agentrl.errors import WeightSyncError
+
+        refs = [getattr(g, method).remote(*args) for g in self.generators]
+        try:
+            return ray.get(refs, timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise WeightSyncError(f"generators did not finish {method} within {self.timeout_s} s") from None
+        except Exception as exc:
+            raise WeightSyncError(f"generator {method} failed: {type(exc).__name__}: {exc}") from exc
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self._all("init_weight_transfer", init_info)
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        self._all("shutdown_weight_transfer")
+
+    def start_weight_update(self) -> None:
+        self._all("begin_weight_update")
+
+    def update_weights(self, update_info: Any) -> None:
+        self._all("receive_weights", update_info)
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        version = self.version if weight_version is None else int(weight_version)
+        if version is None:
+            raise ValueError("GeneratorClient.version must be set before a weight update")
+        self._all("end_weight_update", version)
+
+
+# ---------------------------------------------------------------------------------------------
+# gloo: a vLLM weight-transfer engine over a torch gloo group
+# ---------------------------------------------------------------------------------------------
+
+
+def _gloo_group(address: str, port: int, rank: int, world_size: int, timeout_s: float) -> Any:
+    from vllm.distributed.utils import stateless_init_torch_distributed_process_group
+
+    return stateless_init_torch_distributed_process_group(
+        address, port, rank, world_size, "gloo", timeout=timedelta(seconds=timeout_s)
+    )
+
+
+def _broadcast(group: Any, tensor: torch.Tensor, timeout_s: float) -> None:
+    """Broadcast ``tensor`` from group rank 0 (in place on the other ranks), bounded in time."""
+    from torch.distributed import BroadcastOptions
+
+    opts = BroadcastOptions()
+    opts.rootRank = 0
+    opts.rootTensor = 0
+    opts.timeout = timedelta(seconds=timeout_s)
+    group.broadcast([tensor], opts).wait(timedelta(seconds=timeout_s))
+
+
+def _classes() -> dict[str, type]:
+    """The gloo engine classes, built on first use (they subclass vLLM's, imported lazily)."""
+    if _CLASSES:
+        return _CLASSES
+    from vllm.distributed.weight_transfer.base import (
+        ParamMeta,
+        WeightSource,
+        WeightTransferInitInfo,
+        materialize_full_tensor,
+    )
+    from vllm.distributed.weight_transfer.nccl_engine import (
+        NCCLTrainerInitInfo,
+        NCCLTrainerWeightTransferEngine,
+        NCCLWeightTransferEngine,
+        NCCLWeightTransferUpdateInfo,
+    )
+
+    class ModelSource(WeightSource):  # type: ignore[misc, valid-type]
+        def __init__(self, module: torch.nn.Module, wire_dtype: torch.dtype) -> None:
+            self.module = module
+            self.wire_dtype = wire_dtype
+
+        def metadata(self) -> list[Any]:
+            return [ParamMeta(_clean_name(n), self.wire_dtype, tuple(p.shape)) for n, p in self.module.named_parameters()]
+
+        def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+            for n, p in self.module.named_parameters():
+                yield _clean_name(n), materialize_full_tensor(p.detach()).to(self.wire_dtype).contiguous()
+
+    @dataclass
+    class GlooWeightTransferInitInfo(WeightTransferInitInfo):
+        """Where the trainer's gloo group meets (worker side)."""
+
+        master_address: str
+        master_port: int
+        rank_offset: int
+        world_size: int
+        timeout_s: float = 300.0
+
+    class GlooWeightTransferEngine(NCCLWeightTransferEngine):  # type: ignore[misc, valid-type]
+        """Worker side: joins the trainer's gloo group, receives each parameter by broadcast and
+        loads it with vLLM's layerwise reload (the same lifecycle as vLLM's NCCL engine)."""
+
+        init_info_cls = GlooWeightTransferInitInfo
+        update_info_cls = NCCLWeightTransferUpdateInfo
+
+        def init_transfer_engine(self, init_info: Any) -> None:
+            pc = self.parallel_config
+            rank = pc.data_parallel_index * pc.world_size + pc.rank + init_info.rank_offset
+            self.timeout_s = float(init_info.timeout_s)
+            self.model_update_group = _gloo_group(
+                init_info.master_address, init_info.master_port, rank, init_info.world_size, self.timeout_s
+            )
+
+        def receive_weights(self, update_info: Any) -> None:
+            if self.model_update_group is None:
+                raise RuntimeError("gloo weight transfer not initialised: call init_transfer_engine first")
+            for name, dtype_name, shape in zip(update_info.names, update_info.dtype_names, update_info.shapes):
+                weight = torch.empty(shape, dtype=getattr(torch, dtype_name))
+                _broadcast(self.model_update_group, weight, self.timeout_s)
+                self.model.load_weights([(name, weight.to(self.device))])
+
+        def shutdown(self) -> None:
+            self.model_update_group = None  # gloo groups need no collective teardown
+
+    @dataclass
+    class GlooTrainerInitInfo(NCCLTrainerInitInfo):  # type: ignore[misc, valid-type]
+        """Trainer side: the group's rendezvous, its size (1 + generator workers), a timeout."""
+
+        backend: ClassVar[str] = "gloo"
+        timeout_s: float = 300.0
+
+    class GlooTrainerWeightTransferEngine(NCCLTrainerWeightTransferEngine):  # type: ignore[misc, valid-type]
+        """Trainer side: vLLM's NCCL round trip (client calls, metadata checks) with the
+        broadcast done over gloo, one parameter at a time."""
+
+        init_info_cls = GlooTrainerInitInfo
+
+        @classmethod
+        def trainer_init(cls, init_info: Any, *, client: Any, source: Any = None) -> Any:
+            engine = cls(client=client, source=source, is_sender=init_info.is_sender, packed=False)
+            engine.timeout_s = float(init_info.timeout_s)
+            if not engine.is_sender:
+                return engine
+            worker_info = {
+                "master_address": init_info.master_address,
+                "master_port": init_info.master_port,
+                "rank_offset": 1,
+                "world_size": init_info.world_size,
+                "timeout_s": init_info.timeout_s,
+            }
+            with ThreadPoolExecutor(max_workers=1) as exe:  # both sides meet in the rendezvous
+                future = exe.submit(client.init_weight_transfer_engine, worker_info)
+                engine.model_update_group = _gloo_group(
+                    init_info.master_address, init_info.master_port, 0, init_info.world_size, engine.timeout_s
+                )
+                future.result()
+            return engine
+
+        def _broadcast(self, source: Any, meta: list[Any]) -> None:
+            if not self.is_sender:
+                for _ in source:
+                    pass
+                return
+            for _name, tensor in self._checked_iter(source, meta):
+                _broadcast(self.model_update_group, tensor, self.timeout_s)
+
+        def shutdown(self) -> None:
+            self.model_update_group = None
+
+    _CLASSES.update(
+        engine=GlooWeightTransferEngine,
+        trainer=GlooTrainerWeightTransferEngine,
+        trainer_info=GlooTrainerInitInfo,
+        source=ModelSource,
+    )
+    return _CLASSES
+
+
+_CLASSES: dict[str, type] = {}
+
+
+def register() -> None:
+    """vLLM general plugin (run in every vLLM process): register the ``gloo`` engine."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    if "gloo" not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine("gloo", _classes()["engine"])
+
+
+def trainer_connect(
+    backend: str,
+    *,
+    rank: int,
+    address: str,
+    port: int,
+    world_size: int,
+    client: GeneratorClient | None,
+    source: Any,
+    timeout_s: float,
+) -> Any:
+    """Open the transfer group on trainer rank ``rank`` (0 sends and drives the generators through
+    ``client``; other ranks only join the FSDP gathers). Returns the trainer engine, whose
+    ``send_weights()`` runs one update."""
+    if backend == "gloo":
+        c = _classes()
+        info = c["trainer_info"](master_address=address, master_port=port, world_size=world_size, rank=rank, timeout_s=timeout_s)
+        return c["trainer"].trainer_init(info, client=client, source=source)
+    if backend == "nccl":
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
+
+        info = NCCLTrainerInitInfo(master_address=address, master_port=port, world_size=world_size, rank=rank)
+        return NCCLTrainerWeightTransferEngine.trainer_init(info, client=client, source=source)
+    raise ValueError(f"unknown weight-sync backend {backend!r} (expected one of {BACKENDS})")
