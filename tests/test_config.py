@@ -131,3 +131,16 @@ def test_http_generator_backend_needs_urls():
         Recipe.model_validate({"model": {"path": "m"}, "generator": {"backend": "http"}})
     with pytest.raises(Exception, match="only used with"):
         Recipe.model_validate({"model": {"path": "m"}, "generator": {"urls": ["http://a:8000"]}})
+
+
+def test_weight_sync_choices():
+    import pytest
+
+    from agentrl.config import Recipe
+
+    assert Recipe.model_validate({"model": {"path": "m"}}).generator.weight_sync == "disk"
+    assert Recipe.model_validate({"model": {"path": "m"}, "generator": {"weight_sync": "gloo"}}).generator.weight_sync == "gloo"
+    with pytest.raises(Exception, match="weight_sync"):
+        Recipe.model_validate({"model": {"path": "m"}, "generator": {"weight_sync": "tcp"}})
+    with pytest.raises(Exception, match='needs backend = "vllm"'):
+        Recipe.model_validate({"model": {"path": "m"}, "generator": {"backend": "http", "urls": ["http://a:8000"], "weight_sync": "nccl"}})

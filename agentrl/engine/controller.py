@@ -239,6 +239,13 @@ class Controller:
                 self.transfer_active = False
                 log.event(f"weight sync over {g.weight_sync} ended (generator {i} replaced); versions go through disk from now on", weight_sync_fallbacks=1)
             on_disk, weights = self._newest_on_disk(version)
+            if on_disk < version and self.learners and self.recipe.generator.weight_sync != "disk":
+                # versions were broadcast, not written: write the learner's current one now
+                written = await _timed(
+                    asyncio.gather(*[lr.publish_version.remote(str(self.run_dir / "weights")) for lr in self.learners]),
+                    self.recipe.learner.timeout_s, "publishing the current version for a replaced generator", LearnerError,
+                )
+                on_disk, weights = written[0], self.run_dir / "weights" / f"v{written[0]:06d}"
             settings = replace(self._engine_settings, model=str(weights) if weights is not None else self._engine_settings.model)
             new = self._new_generator(settings, on_disk, i)
             await _timed(new.start.remote(), g.startup_timeout_s, f"restarting generator {i}", GeneratorError)

@@ -620,6 +620,12 @@ class Learner:
             tokenizer = load_tokenizer(self.tokenizer_name)
         return str(write_hf_folder(sd, self.config, Path(out_dir), tokenizer))
 
+    def publish_version(self, weights_dir: str) -> int:
+        """Write the current weights to ``weights_dir/v<step>`` (collective) and return that
+        version, the number of RL steps trained: one call, so the label always fits the weights."""
+        self.publish(str(Path(weights_dir) / f"v{self.step:06d}"))
+        return self.step
+
     def weight_transfer_endpoint(self) -> tuple[str, int]:
         """This rank's address and a free port: where the weight-transfer group meets."""
         from agentrl.engine.weight_transfer import free_endpoint

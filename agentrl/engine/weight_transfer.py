@@ -192,12 +192,21 @@ def _classes() -> dict[str, type]:
         update_info_cls = NCCLWeightTransferUpdateInfo
 
         def init_transfer_engine(self, init_info: Any) -> None:
+            # A rendezvous that fails is not raised here: an exception in a worker RPC ends the
+            # vLLM engine, and the trainer side fails on the same rendezvous anyway (the run
+            # then goes on with disk). The engine keeps generating without a group.
             pc = self.parallel_config
             rank = pc.data_parallel_index * pc.world_size + pc.rank + init_info.rank_offset
             self.timeout_s = float(init_info.timeout_s)
-            self.model_update_group = _gloo_group(
-                init_info.master_address, init_info.master_port, rank, init_info.world_size, self.timeout_s
-            )
+            self.model_update_group = None
+            try:
+                self.model_update_group = _gloo_group(
+                    init_info.master_address, init_info.master_port, rank, init_info.world_size, self.timeout_s
+                )
+            except Exception as exc:
+                import logging
+
+                logging.getLogger(__name__).warning("joining the gloo weight-transfer group failed: %s", exc)
 
         def receive_weights(self, update_info: Any) -> None:
             if self.model_update_group is None:

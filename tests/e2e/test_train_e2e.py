@@ -51,3 +51,43 @@ def test_train_tiny_calc_end_to_end(tmp_path, tiny_calc_model):
     tok = AutoTokenizer.from_pretrained(final)
     assert model.config.model_type == "qwen2"
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+
+
+@pytest.mark.e2e
+@pytest.mark.vllm
+def test_gloo_weight_sync_and_its_fallback_to_disk(tmp_path, tiny_calc_model):
+    """``weight_sync = "gloo"``: versions are broadcast into the vLLM workers (nothing written);
+    when a generator is lost the group is gone, the run says so and goes on through disk."""
+    run_dir = tmp_path / "run"
+    cmd = train_cmd(
+        run_dir, tiny_calc_model,
+        "generator.weight_sync='gloo'",
+        "generator.weight_sync_timeout_s=60",
+        "learner.max_steps=5",
+        "learner.batch_size=8",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=24",
+        "data.limit=64",
+        "sft.steps=0",
+        "eval.limit=0",
+    )
+    env = {**os.environ, "RAY_DEDUP_LOGS": "0", "AGENTRL_FAULT_KILL_GENERATOR_AFTER_STEP": "3"}
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [s["version"] for s in steps] == [1, 2, 3, 4, 5]
+    events = [r["message"] for r in records if r["kind"] == "event"]
+    assert any(e.startswith("weight sync: gloo broadcast") for e in events), events
+    # the first versions went over the group: never written, but generated with
+    assert max(s["max_token_version"] for s in steps[:3]) >= 1
+    assert not (run_dir / "weights" / "v000001").exists()
+    # generator 0 is killed after step 3: the group lost a member; the replacement starts from
+    # the learner's current version (3 or 4, depending on which notices first), written for it,
+    # and later versions go through disk
+    assert any("weight sync over gloo" in e and ("ended" in e or "failed" in e) for e in events), events
+    restarts = [int(e.split("restarted at version ")[1].split()[0]) for e in events if "generator 0 restarted at version" in e]
+    assert restarts and min(restarts) >= 3, events
+    assert (run_dir / "weights" / "v000005").is_dir()
+    assert (run_dir / "final" / "config.json").is_file()

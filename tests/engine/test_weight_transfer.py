@@ -1,0 +1,126 @@
+"""Collective weight sync for real: a vLLM engine (CPU) joins a gloo group through vLLM's
+weight-transfer engine API and receives a weight version broadcast by a trainer-side engine.
+
+The generator runs in this process; the trainer side runs in a thread and drives the generator
+through a client over the event loop (the seam that Ray handles fill in a run: see
+``GeneratorClient`` and tests/e2e/test_train_e2e.py for the Ray path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.vllm
+
+
+class LoopClient:
+    """vLLM's ``VLLMWeightSyncClient`` over an in-process generator on ``loop``."""
+
+    def __init__(self, gen, loop) -> None:
+        self.gen, self.loop, self.version = gen, loop, None
+
+    def _run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(120)
+
+    def init_weight_transfer_engine(self, info):
+        self._run(self.gen.init_weight_transfer(info))
+
+    def shutdown_weight_transfer_engine(self):
+        self._run(self.gen.shutdown_weight_transfer())
+
+    def start_weight_update(self):
+        self._run(self.gen.begin_weight_update())
+
+    def update_weights(self, info):
+        self._run(self.gen.receive_weights(info))
+
+    def finish_weight_update(self, weight_version=None):
+        self._run(self.gen.end_weight_update(self.version))
+
+
+def _perturbed(model_dir, seed: int):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    return hf
+
+
+def _hf_logprobs(hf, prompt: list[int], ids: list[int]) -> list[float]:
+    with torch.no_grad():
+        lp = torch.log_softmax(hf(torch.tensor([prompt + ids])).logits[0].float(), -1)
+    return [lp[len(prompt) - 1 + i, t].item() for i, t in enumerate(ids)]
+
+
+def _connect(client, world_size: int, source, timeout_s: float):
+    from agentrl.engine.weight_transfer import free_endpoint, trainer_connect
+
+    address, port = free_endpoint()
+    return trainer_connect("gloo", rank=0, address=address, port=port, world_size=world_size, client=client, source=source, timeout_s=timeout_s)
+
+
+PROMPT = list(range(5, 25))
+
+
+def test_broadcast_loads_the_version_into_vllm(tiny_calc_model) -> None:
+    from agentrl.engine.generator import EngineSettings, Generator
+    from agentrl.engine.weight_transfer import model_source
+    from agentrl.errors import GeneratorError
+
+    async def main() -> None:
+        g = Generator(EngineSettings(model=str(tiny_calc_model), max_model_len=512, kv_cache_gib=0.1, weight_transfer="gloo"), timeout_s=60)
+        await g.start()
+        try:
+            client = LoopClient(g, asyncio.get_running_loop())
+            hf = _perturbed(tiny_calc_model, 0)
+            before = await g.generate(PROMPT, {"max_tokens": 8, "temperature": 0.0, "ignore_eos": True})
+            assert max(abs(a - b) for a, b in zip(_hf_logprobs(hf, PROMPT, before.token_ids), before.logprobs)) > 1e-2
+
+            def send() -> None:
+                engine = _connect(client, 2, model_source(hf, torch.float32), 30.0)
+                client.version = 3
+                engine.send_weights()
+
+            # a request in flight during the update survives it (pause mode "keep")
+            long = asyncio.ensure_future(g.generate(PROMPT, {"max_tokens": 200, "temperature": 1.0, "ignore_eos": True, "seed": 1}))
+            await asyncio.to_thread(send)
+            spanning = await long
+            assert len(spanning.token_ids) == 200 and set(spanning.versions) <= {0, 3}
+            assert g.version == 3 and len(g.update_stalls_s) == 1
+
+            after = await g.generate(PROMPT, {"max_tokens": 8, "temperature": 0.0, "ignore_eos": True})
+            assert after.versions == [3] * 8
+            ref = _hf_logprobs(hf, PROMPT, after.token_ids)
+            assert max(abs(a - b) for a, b in zip(ref, after.logprobs)) < 1e-4
+
+            # a trainer whose group never fills (world 3, one generator) fails within its timeout
+            t0 = time.monotonic()
+            with pytest.raises(Exception):
+                await asyncio.to_thread(_connect, client, 3, model_source(hf, torch.float32), 3.0)
+            assert time.monotonic() - t0 < 60
+            again = await g.generate(PROMPT, {"max_tokens": 4, "temperature": 0.0, "ignore_eos": True})
+            assert again.versions == [3] * 4  # the engine survived the failed rendezvous
+
+            # a generator whose sender never broadcasts gives up within the group's timeout; a
+            # worker error ends a vLLM engine, so it then reports itself dead (a run replaces it
+            # and loads the version from disk)
+            await asyncio.to_thread(_connect, client, 2, model_source(hf, torch.float32), 3.0)
+            await g.begin_weight_update()
+            meta = {"names": ["model.norm.weight"], "dtype_names": ["float32"], "shapes": [[hf.config.hidden_size]]}
+            t0 = time.monotonic()
+            with pytest.raises(GeneratorError):
+                await g.receive_weights(meta)
+            assert time.monotonic() - t0 < 60
+            with pytest.raises(GeneratorError):
+                await g.generate(PROMPT, {"max_tokens": 4, "temperature": 0.0})
+        finally:
+            await g.shutdown()
+
+    asyncio.run(main())
