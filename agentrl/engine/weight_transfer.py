@@ -30,6 +30,7 @@ import torch
 __all__ = [
     "BACKENDS",
     "GeneratorClient",
+    "LocalGeneratorClient",
     "model_source",
     "free_endpoint",
     "register",
@@ -121,6 +122,27 @@ class GeneratorClient:
         self._all("end_weight_update", version)
 
 
+class LocalGeneratorClient(GeneratorClient):
+    """The same client over an in-process :class:`~agentrl.engine.generator.Generator` whose
+    event loop is ``loop`` (the trainer side runs in another thread): benchmarks and tests."""
+
+    def __init__(self, generator: Any, loop: Any, timeout_s: float) -> None:
+        super().__init__([generator], timeout_s)
+        self.loop = loop
+
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        import asyncio
+
+        from agentrl.errors import WeightSyncError
+
+        future = asyncio.run_coroutine_threadsafe(getattr(self.generators[0], method)(*args), self.loop)
+        try:
+            return [future.result(self.timeout_s)]
+        except TimeoutError:
+            future.cancel()
+            raise WeightSyncError(f"generator did not finish {method} within {self.timeout_s} s") from None
+
+
 # ---------------------------------------------------------------------------------------------
 # gloo: a vLLM weight-transfer engine over a torch gloo group
 # ---------------------------------------------------------------------------------------------
@@ -143,6 +165,33 @@ def _broadcast(group: Any, tensor: torch.Tensor, timeout_s: float) -> None:
     opts.rootTensor = 0
     opts.timeout = timedelta(seconds=timeout_s)
     group.broadcast([tensor], opts).wait(timedelta(seconds=timeout_s))
+
+
+CHUNK_BYTES = 256 * 2**20
+"""Parameters travel packed: consecutive ones of one dtype, concatenated up to this many bytes
+(one broadcast each instead of one per parameter)."""
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _chunks(metas: list[tuple[str, torch.dtype, tuple[int, ...]]]) -> list[list[tuple[str, torch.dtype, tuple[int, ...]]]]:
+    """Split ``(name, dtype, shape)`` in order into runs of one dtype of at most ``CHUNK_BYTES``
+    (a parameter larger than that travels alone). Sender and receivers cut the same way."""
+    out: list[list[tuple[str, torch.dtype, tuple[int, ...]]]] = []
+    size = 0
+    for m in metas:
+        nbytes = _numel(m[2]) * torch.empty((), dtype=m[1]).element_size()
+        if not out or out[-1][0][1] != m[1] or size + nbytes > CHUNK_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(m)
+        size += nbytes
+    return out
 
 
 def _classes() -> dict[str, type]:
@@ -211,10 +260,13 @@ def _classes() -> dict[str, type]:
         def receive_weights(self, update_info: Any) -> None:
             if self.model_update_group is None:
                 raise RuntimeError("gloo weight transfer not initialised: call init_transfer_engine first")
-            for name, dtype_name, shape in zip(update_info.names, update_info.dtype_names, update_info.shapes):
-                weight = torch.empty(shape, dtype=getattr(torch, dtype_name))
-                _broadcast(self.model_update_group, weight, self.timeout_s)
-                self.model.load_weights([(name, weight.to(self.device))])
+            metas = [(n, getattr(torch, d), tuple(sh)) for n, d, sh in zip(update_info.names, update_info.dtype_names, update_info.shapes)]
+            for chunk in _chunks(metas):
+                flat = torch.empty(sum(_numel(sh) for _, _, sh in chunk), dtype=chunk[0][1])
+                _broadcast(self.model_update_group, flat, self.timeout_s)
+                self.model.load_weights(
+                    (name, piece.view(shape).to(self.device)) for (name, _, shape), piece in zip(chunk, flat.split([_numel(sh) for _, _, sh in chunk]))
+                )
 
         def shutdown(self) -> None:
             self.model_update_group = None  # gloo groups need no collective teardown
@@ -258,8 +310,12 @@ def _classes() -> dict[str, type]:
                 for _ in source:
                     pass
                 return
-            for _name, tensor in self._checked_iter(source, meta):
-                _broadcast(self.model_update_group, tensor, self.timeout_s)
+            pairs = iter(self._checked_iter(source, meta))
+            for chunk in _chunks([(m.name, m.dtype, tuple(m.shape)) for m in meta]):
+                flat = torch.cat([next(pairs)[1].reshape(-1) for _ in chunk])
+                _broadcast(self.model_update_group, flat, self.timeout_s)
+            for _ in pairs:  # the source's own end-of-stream check
+                pass
 
         def shutdown(self) -> None:
             self.model_update_group = None

@@ -2,8 +2,8 @@
 weight-transfer engine API and receives a weight version broadcast by a trainer-side engine.
 
 The generator runs in this process; the trainer side runs in a thread and drives the generator
-through a client over the event loop (the seam that Ray handles fill in a run: see
-``GeneratorClient`` and tests/e2e/test_train_e2e.py for the Ray path).
+through ``LocalGeneratorClient`` (in a run, ``GeneratorClient`` does the same over Ray handles:
+tests/e2e/test_train_e2e.py).
 """
 
 from __future__ import annotations
@@ -15,31 +15,6 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.vllm
-
-
-class LoopClient:
-    """vLLM's ``VLLMWeightSyncClient`` over an in-process generator on ``loop``."""
-
-    def __init__(self, gen, loop) -> None:
-        self.gen, self.loop, self.version = gen, loop, None
-
-    def _run(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(120)
-
-    def init_weight_transfer_engine(self, info):
-        self._run(self.gen.init_weight_transfer(info))
-
-    def shutdown_weight_transfer_engine(self):
-        self._run(self.gen.shutdown_weight_transfer())
-
-    def start_weight_update(self):
-        self._run(self.gen.begin_weight_update())
-
-    def update_weights(self, info):
-        self._run(self.gen.receive_weights(info))
-
-    def finish_weight_update(self, weight_version=None):
-        self._run(self.gen.end_weight_update(self.version))
 
 
 def _perturbed(model_dir, seed: int):
@@ -71,14 +46,14 @@ PROMPT = list(range(5, 25))
 
 def test_broadcast_loads_the_version_into_vllm(tiny_calc_model) -> None:
     from agentrl.engine.generator import EngineSettings, Generator
-    from agentrl.engine.weight_transfer import model_source
+    from agentrl.engine.weight_transfer import LocalGeneratorClient, model_source
     from agentrl.errors import GeneratorError
 
     async def main() -> None:
         g = Generator(EngineSettings(model=str(tiny_calc_model), max_model_len=512, kv_cache_gib=0.1, weight_transfer="gloo"), timeout_s=60)
         await g.start()
         try:
-            client = LoopClient(g, asyncio.get_running_loop())
+            client = LocalGeneratorClient(g, asyncio.get_running_loop(), 120.0)
             hf = _perturbed(tiny_calc_model, 0)
             before = await g.generate(PROMPT, {"max_tokens": 8, "temperature": 0.0, "ignore_eos": True})
             assert max(abs(a - b) for a, b in zip(_hf_logprobs(hf, PROMPT, before.token_ids), before.logprobs)) > 1e-2

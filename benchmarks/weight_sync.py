@@ -1,0 +1,113 @@
+"""Weight sync: one new version into a running vLLM engine, through disk against over gloo.
+
+For each model size, one vLLM engine (in this process, started with the gloo weight-transfer
+engine) takes ``--repeats`` updates each way, alternating:
+
+* disk (``weight_sync = "disk"``, the default): the learner writes the version as a safetensors
+  folder (``write_hf_folder``, atomic), then the generator pauses (mode ``keep``), reloads it in
+  place and resumes;
+* gloo (``weight_sync = "gloo"``): the trainer side broadcasts every parameter into the vLLM
+  worker through vLLM's weight-transfer API, while the generator is paused.
+
+Reports medians of the whole update (learner side + generator side) and of the generation stall
+(pause to resume), and their ratios. ``medium`` is a randomly initialised Qwen2 of ~30 M
+parameters with the tiny model's tokenizer.
+
+    .venv/bin/python benchmarks/weight_sync.py --model runs/tiny_calc/sft --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _medium(tiny: str, out: Path) -> str:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    cfg = AutoConfig.from_pretrained(tiny)
+    cfg.update({"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64})
+    cfg.layer_types = ["full_attention"] * cfg.num_hidden_layers
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny).save_pretrained(out)
+    return str(out)
+
+
+async def _measure(model: str, repeats: int, scratch: Path) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.engine.generator import EngineSettings, Generator
+    from agentrl.engine.learner import write_hf_folder
+    from agentrl.engine.weight_transfer import LocalGeneratorClient, free_endpoint, model_source, trainer_connect
+
+    g = Generator(EngineSettings(model=model, max_model_len=512, kv_cache_gib=0.2, weight_transfer="gloo"), timeout_s=300)
+    await g.start()
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    params = sum(p.numel() for p in hf.parameters())
+    client = LocalGeneratorClient(g, asyncio.get_running_loop(), 300.0)
+    address, port = free_endpoint()
+    engine = await asyncio.to_thread(
+        trainer_connect, "gloo", rank=0, address=address, port=port, world_size=2, client=client,
+        source=model_source(hf, torch.float32), timeout_s=300.0,
+    )
+    rows: dict[str, list[float]] = {k: [] for k in ("disk_write", "disk_stall", "disk_total", "gloo_stall", "gloo_total")}
+    version = 0
+    for _ in range(repeats):
+        version += 1
+        t0 = time.monotonic()
+        path = write_hf_folder(hf.state_dict(), hf.config, scratch / f"v{version}")
+        write = time.monotonic() - t0
+        stall = await g.update_weights(version, str(path))
+        rows["disk_write"].append(write)
+        rows["disk_stall"].append(stall)
+        rows["disk_total"].append(time.monotonic() - t0)
+        version += 1
+        client.version = version
+        t0 = time.monotonic()
+        await asyncio.to_thread(engine.send_weights)
+        rows["gloo_total"].append(time.monotonic() - t0)
+        rows["gloo_stall"].append(g.update_stalls_s[-1])
+    check = await g.generate(list(range(5, 15)), {"max_tokens": 2, "temperature": 0.0})
+    assert check.versions == [version, version]
+    await g.shutdown()
+    return {"params": params, **{k: statistics.median(v) for k, v in rows.items()}}
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="agentrl-wsync-") as tmp:
+        scratch = Path(tmp)
+        models = {"tiny": args.model}
+        if "medium" in args.sizes:
+            models["medium"] = _medium(args.model, scratch / "medium")
+        results = {name: await _measure(models[name], args.repeats, scratch / name / "versions") for name in args.sizes}
+    print(f"\nweight sync, median of {args.repeats} updates each way (seconds)\n")
+    print("| model | parameters | disk: write | disk: stall | disk: total | gloo: stall | gloo: total | total gloo/disk | stall gloo/disk |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, r in results.items():
+        print(
+            f"| {name} | {r['params'] / 1e6:.1f} M | {r['disk_write']:.3f} | {r['disk_stall']:.3f} | {r['disk_total']:.3f} | "
+            f"{r['gloo_stall']:.3f} | {r['gloo_total']:.3f} | {r['gloo_total'] / r['disk_total']:.2f} | {r['gloo_stall'] / r['disk_stall']:.2f} |"
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="a tiny Hugging Face folder (its tokenizer is reused for 'medium')")
+    ap.add_argument("--sizes", nargs="+", default=["tiny", "medium"], choices=["tiny", "medium"])
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    if not Path(args.model).is_dir():
+        raise SystemExit(f"{args.model}: not a folder")
+    asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()
