@@ -117,6 +117,16 @@ class SandboxConfig(_Section):
     """Wall-clock limit of one execution, seconds."""
     memory_mb: int = Field(512, gt=0)
     """Address-space limit of one execution, MiB."""
+    preload: list[str] | None = None
+    """Modules each warm bubblewrap worker imports before it forks executions (None: numpy and
+    sympy, where installed). Code that imports them then starts at once; code that needs none
+    (``[]``) makes every execution cheaper, since a smaller interpreter is forked."""
+
+    @model_validator(mode="after")
+    def _check_preload(self) -> SandboxConfig:
+        if self.preload is not None and self.type != "bubblewrap":
+            raise ValueError(f'preload is only used by the bubblewrap sandbox (type = "{self.type}")')
+        return self
 
 
 class GeneratorConfig(_Section):

@@ -7,6 +7,16 @@ and on the same engine(s), raw vLLM generation of exactly the same number of tok
 for the same prompts (one request each, ``ignore_eos``) at the same concurrency. Reports
 generated tokens/s of both and their ratio, median over ``--repeats``; also 1 vs 2 generators.
 
+``--sandboxes bubblewrap arithmetic`` adds a second engine pass per setting whose tool runs in
+this process (:class:`ArithmeticSandbox`: the Calc-v0 programs' arithmetic evaluated from the
+syntax tree, no process at all). Its ratio is the engine's own overhead with the tool's cost
+taken out; the gap between the two is what the sandbox costs on these cores.
+
+A third pass, *replay*, sends raw vLLM the engine pass's own requests (each episode's turns one
+after the other, same prompts and lengths) without environment, sandbox or rendering:
+replay/raw is what splitting an episode into turns costs vLLM itself, engine/replay what the
+engine adds on top (tool time included).
+
     .venv/bin/python benchmarks/rollout.py --model runs/tiny_calc/sft --concurrency 8 32 64 128
 
 The model should be one that calls the tool (e.g. the SFT stage of ``recipes/tiny_calc.toml``),
@@ -23,6 +33,52 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+
+
+class ArithmeticSandbox:
+    """A stand-in for the interpreter that costs (almost) nothing: runs programs made of integer
+    arithmetic, assignments and ``print`` (what Calc-v0 episodes write) by walking their syntax
+    tree in this process; anything else gets an error message as stderr. Not a sandbox: a
+    benchmark baseline."""
+
+    async def run(self, code: str, **_: Any) -> Any:
+        import ast
+        import operator
+
+        from agentrl.sandbox.base import ExecResult
+
+        ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
+        names: dict[str, int] = {}
+        out: list[str] = []
+
+        def value(node: ast.AST) -> int:
+            if isinstance(node, ast.Constant) and isinstance(node.value, int):
+                return node.value
+            if isinstance(node, ast.Name) and node.id in names:
+                return names[node.id]
+            if isinstance(node, ast.BinOp) and type(node.op) in ops:
+                return ops[type(node.op)](value(node.left), value(node.right))
+            if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+                return -value(node.operand)
+            raise ValueError(f"unsupported: {ast.dump(node)[:60]}")
+
+        try:
+            for stmt in ast.parse(code).body:
+                if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+                    names[stmt.targets[0].id] = value(stmt.value)
+                elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and getattr(stmt.value.func, "id", "") == "print":
+                    out.append(" ".join(str(value(a)) for a in stmt.value.args))
+                elif isinstance(stmt, ast.Expr):
+                    value(stmt.value)
+                else:
+                    raise ValueError("unsupported statement")
+            stdout, stderr, code_ = "".join(line + "\n" for line in out), "", 0
+        except (SyntaxError, ValueError, ZeroDivisionError, RecursionError) as exc:
+            stdout, stderr, code_ = "", f"{type(exc).__name__}: {exc}\n", 1
+        return ExecResult(stdout=stdout, stderr=stderr, exit_code=code_, timed_out=False, memory_exceeded=False, wall_s=0.0)
+
+    async def aclose(self) -> None:
+        pass
 
 
 async def _engine_pass(gens: list[Any], tok: Any, rows: list[dict], concurrency: int, sandbox: Any) -> tuple[float, list[int], list[list[int]], float]:
@@ -47,7 +103,39 @@ async def _engine_pass(gens: list[Any], tok: Any, rows: list[dict], concurrency:
     generated = [t.num_generated for t in out]
     prompts = [t.tokens[: next(j for j, m in enumerate(t.loss_mask) if m)] if any(t.loss_mask) else t.tokens for t in out]
     turns = statistics.mean(t.metrics["turns"] for t in out)
-    return wall, generated, prompts, turns
+    return wall, generated, prompts, turns, [_turn_requests(t) for t in out]
+
+
+def _turn_requests(traj: Any) -> list[tuple[list[int], int]]:
+    """The episode's generation requests: ``(prompt ids, tokens generated)`` per model turn."""
+    out = []
+    i = 0
+    mask = traj.loss_mask
+    while i < len(mask):
+        if mask[i]:
+            j = i
+            while j < len(mask) and mask[j]:
+                j += 1
+            out.append((traj.tokens[:i], j - i))
+            i = j
+        else:
+            i += 1
+    return out
+
+
+async def _replay_pass(gens: list[Any], episodes: list[list[tuple[list[int], int]]], concurrency: int) -> float:
+    """Raw vLLM with the engine's request structure: each episode's turns as consecutive
+    requests (same prompts, same lengths), without environment, sandbox or rendering."""
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        async with sem:
+            for prompt, n in episodes[i]:
+                await gens[i % len(gens)].generate(prompt, {"temperature": 1.0, "max_tokens": n, "ignore_eos": True})
+
+    t0 = time.monotonic()
+    await asyncio.gather(*[one(i) for i in range(len(episodes))])
+    return time.monotonic() - t0
 
 
 async def _raw_pass(gens: list[Any], prompts: list[list[int]], lengths: list[int], concurrency: int) -> float:
@@ -70,7 +158,13 @@ async def main_async(args: argparse.Namespace) -> None:
 
     tok = load_tokenizer(args.model)
     rows = load_rows("synthetic:calc", limit=args.episodes, seed=123)
-    sandbox = create_sandbox("bubblewrap", max_concurrency=8, timeout_s=5.0, memory_mb=256)
+    sandboxes = {
+        name: ArithmeticSandbox() if name == "arithmetic" else create_sandbox(
+            "bubblewrap", max_concurrency=args.sandbox_concurrency, timeout_s=5.0, memory_mb=256,
+            **({"preload": args.preload} if args.preload is not None else {}),
+        )
+        for name in args.sandboxes
+    }
     results = []
     for n_gen in args.generators:
         gens = [Generator(EngineSettings(model=args.model, max_model_len=1024, kv_cache_gib=0.5, cpu_threads_bind=args.bind)) for _ in range(n_gen)]
@@ -78,23 +172,36 @@ async def main_async(args: argparse.Namespace) -> None:
             await g.start()
         for c in args.concurrency:
             for _ in range(args.repeats):
-                wall_e, lengths, prompts, turns = await _engine_pass(gens, tok, rows, c, sandbox)
-                wall_r = await _raw_pass(gens, prompts, lengths, c)
-                tokens = sum(lengths)
-                results.append({"generators": n_gen, "concurrency": c, "engine": tokens / wall_e, "raw": tokens / wall_r, "turns": turns, "tokens": tokens})
+                for name, sandbox in sandboxes.items():  # each engine pass, then raw vLLM on its tokens
+                    wall_e, lengths, prompts, turns, requests = await _engine_pass(gens, tok, rows, c, sandbox)
+                    wall_r = await _raw_pass(gens, prompts, lengths, c)
+                    wall_p = await _replay_pass(gens, requests, c)
+                    tokens = sum(lengths)
+                    results.append({
+                        "sandbox": name, "generators": n_gen, "concurrency": c, "engine": tokens / wall_e, "raw": tokens / wall_r,
+                        "replay": tokens / wall_p, "turns": turns, "tokens": tokens,
+                    })
         for g in gens:
             await g.shutdown()
-    await sandbox.aclose()
+    for sandbox in sandboxes.values():
+        await sandbox.aclose()
     print(f"\nCalc-v0 episodes: {args.episodes} per pass, {args.repeats} repeats (median), model {args.model}\n")
-    print("| generators | concurrent episodes | engine tok/s | raw vLLM tok/s | ratio | turns/episode |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for n_gen in args.generators:
-        for c in args.concurrency:
-            rs = [r for r in results if r["generators"] == n_gen and r["concurrency"] == c]
-            e = statistics.median(r["engine"] for r in rs)
-            raw = statistics.median(r["raw"] for r in rs)
-            ratio = statistics.median(r["engine"] / r["raw"] for r in rs)
-            print(f"| {n_gen} | {c} | {e:.0f} | {raw:.0f} | {ratio:.2f} | {statistics.median(r['turns'] for r in rs):.2f} |")
+    print("| tool | generators | concurrent episodes | engine tok/s | raw vLLM tok/s | ratio | replay tok/s | replay/raw | engine/replay | turns/episode |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name in args.sandboxes:
+        for n_gen in args.generators:
+            for c in args.concurrency:
+                rs = [r for r in results if r["sandbox"] == name and r["generators"] == n_gen and r["concurrency"] == c]
+                e = statistics.median(r["engine"] for r in rs)
+                raw = statistics.median(r["raw"] for r in rs)
+                ratio = statistics.median(r["engine"] / r["raw"] for r in rs)
+                rep = statistics.median(r["replay"] for r in rs)
+                rep_raw = statistics.median(r["replay"] / r["raw"] for r in rs)
+                eng_rep = statistics.median(r["engine"] / r["replay"] for r in rs)
+                print(
+                    f"| {name} | {n_gen} | {c} | {e:.0f} | {raw:.0f} | {ratio:.2f} | {rep:.0f} | {rep_raw:.2f} | {eng_rep:.2f} | "
+                    f"{statistics.median(r['turns'] for r in rs):.2f} |"
+                )
 
 
 def main() -> None:
@@ -105,6 +212,10 @@ def main() -> None:
     ap.add_argument("--generators", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--bind", default="0-1", help="VLLM_CPU_OMP_THREADS_BIND")
+    ap.add_argument("--sandboxes", nargs="+", default=["bubblewrap", "arithmetic"], choices=["bubblewrap", "arithmetic"],
+                    help="where the episodes' code runs (arithmetic: in process, no sandbox; a baseline)")
+    ap.add_argument("--sandbox-concurrency", type=int, default=8, help="bubblewrap workers")
+    ap.add_argument("--preload", nargs="*", default=None, help="modules the warm workers import (default: numpy, sympy)")
     args = ap.parse_args()
     if not Path(args.model).exists():
         raise SystemExit(f"{args.model}: not a folder")

@@ -144,3 +144,15 @@ def test_weight_sync_choices():
         Recipe.model_validate({"model": {"path": "m"}, "generator": {"weight_sync": "tcp"}})
     with pytest.raises(Exception, match='needs backend = "vllm"'):
         Recipe.model_validate({"model": {"path": "m"}, "generator": {"backend": "http", "urls": ["http://a:8000"], "weight_sync": "nccl"}})
+
+
+def test_sandbox_preload_is_for_bubblewrap():
+    import pytest
+
+    from agentrl.config import Recipe
+
+    r = Recipe.model_validate({"model": {"path": "m"}, "sandbox": {"preload": []}})
+    assert r.sandbox.preload == []
+    assert Recipe.model_validate({"model": {"path": "m"}}).sandbox.preload is None
+    with pytest.raises(Exception, match="only used by the bubblewrap"):
+        Recipe.model_validate({"model": {"path": "m"}, "sandbox": {"type": "docker", "preload": ["numpy"]}})

@@ -336,6 +336,7 @@ class Controller:
                     "max_concurrency": r.sandbox.max_concurrency,
                     "timeout_s": r.sandbox.timeout_s,
                     "memory_mb": r.sandbox.memory_mb,
+                    **({"preload": r.sandbox.preload} if r.sandbox.preload is not None else {}),
                 },
                 generators=self.generators,
                 sampling=sampling,
