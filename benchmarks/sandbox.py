@@ -187,21 +187,30 @@ async def measure_latency(kind: str, workload: str, rounds: int, runs: int, gap_
     return lat
 
 
-async def measure_throughput(kind: str, concurrency: int, total: int, pool_cap: int) -> float:
+@dataclass
+class Load:
+    """Executions per second with ``concurrency`` callers, and each execution's latency (s)."""
+
+    rate: float
+    latencies: Latency
+
+
+async def measure_throughput(kind: str, concurrency: int, total: int, pool_cap: int) -> Load:
     sb = await make(kind, min(concurrency, pool_cap))
     try:
         await run_checked(sb, TRIVIAL, "1\n")
         todo = iter(range(total))
+        lat = Latency()
 
         async def caller() -> None:
             for _ in todo:
-                await run_checked(sb, TRIVIAL, "1\n")
+                lat.samples.append(await run_checked(sb, TRIVIAL, "1\n"))
 
         t0 = time.perf_counter()
         async with anyio.create_task_group() as tg:
             for _ in range(concurrency):
                 tg.start_soon(caller)
-        return total / (time.perf_counter() - t0)
+        return Load(total / (time.perf_counter() - t0), lat)
     finally:
         await sb.aclose()
 
@@ -274,7 +283,7 @@ def machine() -> str:
 
 
 def report(args: argparse.Namespace, lat: dict[tuple[str, str], Latency],
-           thr: dict[tuple[str, int], float], leaks: dict[str, Any] | None, started: str) -> str:
+           thr: dict[tuple[str, int], Load], leaks: dict[str, Any] | None, started: str) -> str:
     lines = [
         "## sandbox",
         "",
@@ -321,8 +330,22 @@ def report(args: argparse.Namespace, lat: dict[tuple[str, str], Latency],
             for c in concs:
                 v = thr.get((kind, c))
                 b = thr.get(("subprocess", c))
-                ratio = f" ({v / b:.1f}×)" if v is not None and b and kind != "subprocess" else ""
-                cells.append("—" if v is None else f"{v:.0f}{ratio}")
+                ratio = f" ({v.rate / b.rate:.1f}×)" if v is not None and b and kind != "subprocess" else ""
+                cells.append("—" if v is None else f"{v.rate:.0f}{ratio}")
+            lines.append(f"| {LABELS[kind]} | " + " | ".join(cells) + " |")
+        lines += [
+            "",
+            "Latency of each of those executions (ms, p50 / p99), under that load: a caller "
+            "waits for a free worker, and on 2 cores for the CPU the others use.",
+            "",
+            "| backend | " + " | ".join(f"c={c}" for c in concs) + " |",
+            "| --- | " + " | ".join("---:" for _ in concs) + " |",
+        ]
+        for kind in BACKENDS:
+            cells = []
+            for c in concs:
+                v = thr.get((kind, c))
+                cells.append("—" if v is None else f"{fmt_ms(v.latencies.q(0.5))} / {fmt_ms(v.latencies.q(0.99))}")
             lines.append(f"| {LABELS[kind]} | " + " | ".join(cells) + " |")
         lines.append("")
     targets = []
@@ -377,7 +400,7 @@ async def main(args: argparse.Namespace) -> None:
     started = machine()
     print(started, flush=True)
     lat: dict[tuple[str, str], Latency] = {}
-    thr: dict[tuple[str, int], float] = {}
+    thr: dict[tuple[str, int], Load] = {}
     plan: list[tuple[str, Callable[[], Awaitable[Any]]]] = []
     for workload in WORKLOADS:
         for kind in [*BACKENDS, "docker-run"]:
@@ -402,7 +425,8 @@ async def main(args: argparse.Namespace) -> None:
                   f"p90 {fmt_ms(value.q(0.9))} ms ({time.perf_counter() - t0:.0f} s)", flush=True)
         else:
             thr[(kind_key, int(label.split()[1][2:]))] = value
-            print(f"{label}: {value:.1f}/s ({time.perf_counter() - t0:.0f} s)", flush=True)
+            print(f"{label}: {value.rate:.1f}/s, p50 {fmt_ms(value.latencies.q(0.5))} ms, "
+                  f"p99 {fmt_ms(value.latencies.q(0.99))} ms ({time.perf_counter() - t0:.0f} s)", flush=True)
     leaks = await leak_check(args.leak_check) if args.leak_check else None
     if leaks:
         print(f"leak check: {leaks}", flush=True)
