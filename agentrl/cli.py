@@ -24,6 +24,16 @@ from collections.abc import Sequence
 from agentrl.errors import AgentRLError
 
 
+def train_command(recipe: str, run_dir: str, model: str, *overrides: str) -> list[str]:
+    """The argv of ``agentrl train RECIPE`` in a subprocess (this interpreter), writing into
+    ``run_dir`` with ``model.path = model``, plus one ``--set`` per override
+    (``"section.key=value"``): what the end-to-end tests and the benchmarks launch."""
+    cmd = [sys.executable, "-m", "agentrl.cli", "train", recipe, "--set", f"run_dir='{run_dir}'", "--set", f"model.path='{model}'"]
+    for item in overrides:
+        cmd += ["--set", item]
+    return cmd
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agentrl", description="Asynchronous RL for tool-using language models.")
     sub = p.add_subparsers(dest="command", required=True)

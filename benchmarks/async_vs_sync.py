@@ -21,18 +21,18 @@ import sys
 import tempfile
 from pathlib import Path
 
+from agentrl.cli import train_command
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def run_once(mode: str, staleness: int, steps: int, model: Path, workdir: Path, extra: list[str]) -> dict:
     run_dir = workdir / f"{mode}-{staleness}-{len(list(workdir.iterdir()))}"
-    cmd = [
-        sys.executable, "-m", "agentrl.cli", "train", str(REPO / "recipes" / "tiny_calc.toml"),
-        "--set", f"run_dir='{run_dir}'", "--set", f"model.path='{model}'",
-        "--set", f"mode={mode}", "--set", f"algo.max_staleness={staleness}",
-        "--set", "sft.steps=0", "--set", "eval.limit=0", "--set", f"learner.max_steps={steps}",
+    cmd = train_command(
+        str(REPO / "recipes" / "tiny_calc.toml"), str(run_dir), str(model),
+        f"mode={mode}", f"algo.max_staleness={staleness}", "sft.steps=0", "eval.limit=0", f"learner.max_steps={steps}",
         *extra,
-    ]
+    )
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600)
     if proc.returncode:
         raise SystemExit(f"{mode} run failed:\n{proc.stderr[-3000:]}")
@@ -55,7 +55,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--set", dest="extra", action="append", default=[], help="extra recipe overrides")
     args = ap.parse_args()
-    extra = [x for item in args.extra for x in ("--set", item)]
+    extra = list(args.extra)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model = work / "model"
