@@ -332,12 +332,20 @@ def _classes() -> dict[str, type]:
 _CLASSES: dict[str, type] = {}
 
 
+def __getattr__(name: str) -> Any:
+    """``GlooWeightTransferEngine``, built on first access (what vLLM's factory loads by name)."""
+    if name == "GlooWeightTransferEngine":
+        return _classes()["engine"]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def register() -> None:
-    """vLLM general plugin (run in every vLLM process): register the ``gloo`` engine."""
+    """vLLM general plugin (run in every vLLM process): register the ``gloo`` engine by name, so
+    that nothing of it is imported unless a recipe asks for ``weight_sync = "gloo"``."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
     if "gloo" not in WeightTransferEngineFactory._registry:
-        WeightTransferEngineFactory.register_engine("gloo", _classes()["engine"])
+        WeightTransferEngineFactory.register_engine("gloo", __name__, "GlooWeightTransferEngine")
 
 
 def trainer_connect(
