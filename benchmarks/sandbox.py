@@ -318,36 +318,30 @@ def report(args: argparse.Namespace, lat: dict[tuple[str, str], Latency],
         lines.append("")
     if thr:
         concs = sorted({c for _, c in thr})
-        lines += [
-            f"Throughput of trivial code (executions/s) with that many callers at once; pools hold "
-            f"at most {args.pool_cap} workers or containers; in brackets: × baseline.",
-            "",
-            "| backend | " + " | ".join(f"c={c}" for c in concs) + " |",
-            "| --- | " + " | ".join("---:" for _ in concs) + " |",
-        ]
-        for kind in BACKENDS:
-            cells = []
-            for c in concs:
-                v = thr.get((kind, c))
-                b = thr.get(("subprocess", c))
-                ratio = f" ({v.rate / b.rate:.1f}×)" if v is not None and b and kind != "subprocess" else ""
-                cells.append("—" if v is None else f"{v.rate:.0f}{ratio}")
-            lines.append(f"| {LABELS[kind]} | " + " | ".join(cells) + " |")
-        lines += [
-            "",
-            "Latency of each of those executions (ms, p50 / p99), under that load: a caller "
-            "waits for a free worker, and on 2 cores for the CPU the others use.",
-            "",
-            "| backend | " + " | ".join(f"c={c}" for c in concs) + " |",
-            "| --- | " + " | ".join("---:" for _ in concs) + " |",
-        ]
-        for kind in BACKENDS:
-            cells = []
-            for c in concs:
-                v = thr.get((kind, c))
-                cells.append("—" if v is None else f"{fmt_ms(v.latencies.q(0.5))} / {fmt_ms(v.latencies.q(0.99))}")
-            lines.append(f"| {LABELS[kind]} | " + " | ".join(cells) + " |")
-        lines.append("")
+
+        def rate(kind: str, v: Load, c: int) -> str:
+            b = thr.get(("subprocess", c))
+            return f"{v.rate:.0f}" + (f" ({v.rate / b.rate:.1f}×)" if b and kind != "subprocess" else "")
+
+        def latency(kind: str, v: Load, c: int) -> str:
+            return f"{fmt_ms(v.latencies.q(0.5))} / {fmt_ms(v.latencies.q(0.99))}"
+
+        for title, cell in (
+            (f"Throughput of trivial code (executions/s) with that many callers at once; pools hold "
+             f"at most {args.pool_cap} workers or containers; in brackets: × baseline.", rate),
+            ("Latency of each of those executions (ms, p50 / p99), under that load: a caller "
+             "waits for a free worker, and on 2 cores for the CPU the others use.", latency),
+        ):
+            lines += [
+                title,
+                "",
+                "| backend | " + " | ".join(f"c={c}" for c in concs) + " |",
+                "| --- | " + " | ".join("---:" for _ in concs) + " |",
+            ]
+            for kind in BACKENDS:
+                cells = ["—" if thr.get((kind, c)) is None else cell(kind, thr[(kind, c)], c) for c in concs]
+                lines.append(f"| {LABELS[kind]} | " + " | ".join(cells) + " |")
+            lines.append("")
     targets = []
     warm_trivial = lat.get(("bubblewrap-warm", "trivial"))
     if warm_trivial:

@@ -239,7 +239,7 @@ class Controller:
                 self.transfer_active = False
                 log.event(f"weight sync over {g.weight_sync} ended (generator {i} replaced); versions go through disk from now on", weight_sync_fallbacks=1)
             on_disk, weights = self._newest_on_disk(version)
-            if on_disk < version and self.learners and self.recipe.generator.weight_sync != "disk":
+            if on_disk < version and self.learners and g.weight_sync != "disk":
                 # versions were broadcast, not written: write the learner's current one now
                 written = await _timed(
                     asyncio.gather(*[lr.publish_version.remote(str(self.run_dir / "weights")) for lr in self.learners]),
@@ -259,13 +259,10 @@ class Controller:
     def _newest_on_disk(self, version: int) -> tuple[int, Path | None]:
         """The newest published weight folder at or below ``version`` (``(0, None)``: none, start
         from the initial model). With a collective weight sync, versions are not written."""
-        for v in range(version, 0, -1):
-            folder = self.run_dir / "weights" / f"v{v:06d}"
-            if folder.exists():
-                return v, folder
-            if not (self.run_dir / "weights").exists():
-                break
-        return 0, None
+        folder = self.run_dir / "weights"
+        written = [int(p.name[1:]) for p in folder.glob("v[0-9]*") if p.is_dir() and p.name[1:].isdigit()] if folder.is_dir() else []
+        newest = max((v for v in written if 0 < v <= version), default=0)
+        return (newest, folder / f"v{newest:06d}") if newest else (0, None)
 
     async def _catch_up_replacements(self, updated: list[Any], version: int) -> None:
         """Load ``version`` into generators that a concurrent repair started (on older weights)

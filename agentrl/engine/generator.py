@@ -155,6 +155,8 @@ class Generator(GeneratorCounters):
         self.engine: Any = None
         self._ids = itertools.count()
         self._prefix = f"g{os.getpid()}-"
+        self._update_t0 = time.monotonic()
+        """When the collective update in progress paused generation."""
 
     async def start(self) -> dict[str, Any]:
         """Create the engine (tens of seconds on CPU). Returns facts about it."""
@@ -265,8 +267,6 @@ class Generator(GeneratorCounters):
     async def update_weights(self, version: int, path: str) -> float:
         """Load the Hugging Face folder ``path`` as weight version ``version`` without stopping
         requests in flight. Returns the generation stall in seconds."""
-        if self.engine is None:
-            raise GeneratorError("generator not started")
         t0 = time.monotonic()
 
         async def swap() -> None:
@@ -277,12 +277,12 @@ class Generator(GeneratorCounters):
             finally:
                 await self.engine.resume_generation()
 
-        try:
-            await asyncio.wait_for(swap(), self.timeout_s)
-        except asyncio.TimeoutError:
-            raise GeneratorError(f"weight update to version {version} ran past {self.timeout_s} s") from None
-        except Exception as exc:
-            raise GeneratorError(f"weight update to version {version} from {path} failed: {exc}") from exc
+        await self._bounded(swap(), f"weight update to version {version} from {path}")
+        return self._updated(version, t0)
+
+    def _updated(self, version: int, t0: float) -> float:
+        """Record that ``version`` is served since an update that paused generation at ``t0``;
+        returns the stall (s)."""
         self.version = version
         stall = time.monotonic() - t0
         self.update_stalls_s.append(stall)
@@ -292,7 +292,9 @@ class Generator(GeneratorCounters):
     # Driven by the learner through agentrl.engine.weight_transfer.GeneratorClient.
 
     async def _bounded(self, aw: Any, what: str) -> Any:
+        """Await ``aw`` at most ``timeout_s``; every failure becomes a GeneratorError naming ``what``."""
         if self.engine is None:
+            aw.close()
             raise GeneratorError("generator not started")
         try:
             return await asyncio.wait_for(aw, self.timeout_s)
@@ -338,12 +340,9 @@ class Generator(GeneratorCounters):
         """Finish the update, label the weights ``version`` and resume. Returns the stall (s)."""
         try:
             await self._bounded(self.engine.finish_weight_update(str(version)), "finishing a weight update")
-            self.version = version
         finally:
             await self.engine.resume_generation()
-        stall = time.monotonic() - getattr(self, "_update_t0", time.monotonic())
-        self.update_stalls_s.append(stall)
-        return stall
+        return self._updated(version, self._update_t0)
 
     async def shutdown(self) -> None:
         """Stop the engine and its processes."""

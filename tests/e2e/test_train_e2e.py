@@ -8,6 +8,16 @@ import pytest
 
 from tests.e2e.helpers import REPO, train_cmd
 
+SMALL_RUN = (
+    "learner.batch_size=8",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=24",
+    "data.limit=64",
+    "sft.steps=0",
+    "eval.limit=0",
+)
+"""Overrides of both runs here: 8 samples per step (groups of 4), short turns, no SFT, no evaluation."""
+
 
 @pytest.mark.e2e
 @pytest.mark.vllm
@@ -16,12 +26,7 @@ def test_train_tiny_calc_end_to_end(tmp_path, tiny_calc_model):
     cmd = train_cmd(
         run_dir, tiny_calc_model,
         "learner.max_steps=4",
-        "learner.batch_size=8",
-        "rollout.group_size=4",
-        "rollout.max_new_tokens=24",
-        "data.limit=64",
-        "sft.steps=0",
-        "eval.limit=0",
+        *SMALL_RUN,
     )
     # a generator is killed after the first step (as if its node died): the run must replace it,
     # keep the episodes it lost out of the loss, and finish
@@ -64,12 +69,7 @@ def test_gloo_weight_sync_and_its_fallback_to_disk(tmp_path, tiny_calc_model):
         "generator.weight_sync='gloo'",
         "generator.weight_sync_timeout_s=60",
         "learner.max_steps=5",
-        "learner.batch_size=8",
-        "rollout.group_size=4",
-        "rollout.max_new_tokens=24",
-        "data.limit=64",
-        "sft.steps=0",
-        "eval.limit=0",
+        *SMALL_RUN,
     )
     env = {**os.environ, "RAY_DEDUP_LOGS": "0", "AGENTRL_FAULT_KILL_GENERATOR_AFTER_STEP": "3"}
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
