@@ -17,6 +17,7 @@ import anyio
 
 from agentrl.engine.generator import Generation
 from agentrl.engine.render import IncrementalRenderer, TemplateMismatch
+from agentrl.engine.stops import with_stop_token_ids
 from agentrl.engine.trajectory import Trajectory
 from agentrl.errors import AgentRLError, InfraError
 
@@ -56,12 +57,14 @@ async def play_episode(
     """Play one episode and return its trajectory.
 
     ``sampling`` holds ``SamplingParams`` arguments shared by all turns (temperature, stop...);
-    ``max_tokens`` and ``seed`` are set per turn. The episode ends when the environment
+    ``max_tokens`` and ``seed`` are set per turn; stop strings that are single tokens are also
+    passed as stop token ids (:mod:`agentrl.engine.stops`). The episode ends when the environment
     terminates or truncates it, when the token budget is spent (status ``overflow``) or when the
     infrastructure fails (status ``infra_failure``; what was generated is kept for inspection
     but never trained).
     """
     t0 = time.monotonic()
+    sampling = with_stop_token_ids(tokenizer, sampling)
     base = env.unwrapped
     messages, _ = base.reset(seed=seed, options={"row": row})
     renderer = IncrementalRenderer(tokenizer, messages)
