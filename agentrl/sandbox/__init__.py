@@ -69,9 +69,14 @@ Covered:
   A worker or container that dies anyway is replaced (``tests/sandbox/test_warm.py``,
   ``tests/sandbox/test_docker.py``).
 * **State leaking between executions and between sessions** (bwrap, docker;
-  ``test_no_state_between_executions``, ``test_no_state_between_sessions``). bwrap: fresh mount,
-  IPC and PID namespaces (fresh ``/tmp``, ``/dev/shm``, System V IPC) per execution and per session,
-  and a network namespace of its own per session; docker: one execution or session per container
+  ``test_no_state_between_executions``, ``test_no_state_between_sessions``). bwrap: every
+  execution runs in PID, mount and IPC namespaces no other execution is using, and every session
+  in fresh ones plus a network namespace of its own. A one-shot execution's tree is reused by a
+  later one only after its code's process exited by itself (having killed the rest), the host
+  has let go of it, and the tree's init has SIGKILLed and reaped every other process of the
+  namespace, mounted empty tmpfs on ``/tmp`` and ``/dev/shm`` and moved to a new IPC namespace
+  (System V objects and POSIX message queues die with the old one); a timeout, a crash or a
+  failed reset ends the tree instead. A tree serves at most 256 executions; docker: one execution or session per container
   at a time, and afterwards every process is killed and ``/tmp``, ``/dev/shm``, ``/dev/mqueue`` and
   System V IPC objects are wiped before the container is reused.
 * **Unprivileged identity** (bwrap, docker; ``tests/sandbox/test_bubblewrap.py``,
@@ -91,6 +96,8 @@ Not covered:
   are not metered. Docker's cgroup limits are per container.
 * **What is readable.** Everything under the bound paths (``/usr``, the interpreter prefix, the
   site-packages directories) is readable: do not keep secrets there.
+* **Process ids in a reused tree** continue from those of the executions before, so code can
+  tell roughly how many processes earlier executions in its tree started (a covert count).
 * **Determinism and secrecy of the warm state.** Warm executions are forks of one interpreter:
   they share its hash seed (``hash()`` of a string is the same in every execution of a worker) and
   anything the warm-up computed; ``random`` and numpy's global generator are reseeded per execution.

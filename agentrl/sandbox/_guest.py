@@ -20,13 +20,18 @@ Modes (``sys.argv[1]``):
     A *tree* is: ``I``, forked by ``F`` (cheap: ``F`` is small), pid 1 of a fresh PID namespace
     with fresh mount and IPC namespaces (and a fresh network namespace, loopback only, for
     sessions), a fresh size-capped tmpfs on ``/tmp`` and ``/dev/shm`` and a ``/proc`` of its own;
-    ``I`` only reaps orphans. And ``U``, forked by the (big, warm) server into ``I``'s namespaces
+    ``I`` reaps orphans and resets the tree on the server's request (:func:`init_main`). And
+    ``U``, forked by the (big, warm) server into ``I``'s namespaces
     (``setns``), in a user namespace of its own (so that ``RLIMIT_NPROC`` counts the tree's
     processes only) as uid/gid 65534 with no capabilities, waiting for its request. ``U`` runs the
     code, kills every other process of the tree, reports ``{"event": "exit", "status": ...}``
-    and exits; the server reaps ``U``, reports its real status too (also when ``U`` died without
-    reporting) and SIGKILLs ``I``, which ends the namespace. The host kills a tree at its deadline
-    by sending SIGKILL to ``I`` through the pidfd.
+    and exits; the server reaps ``U`` and reports its real status too (also when ``U`` died
+    without reporting). Then, for an ``exec`` tree whose ``U`` exited by itself, the server waits
+    until the host has closed the tree's channel (after which the host never signals that ``I``
+    again), asks ``I`` to reset the tree and keeps it for a later ``exec`` tree (at most
+    ``MAX_TREE_USES`` executions); otherwise, or if the reset fails, it SIGKILLs ``I``, which
+    ends the namespace. The host kills a tree at its deadline by sending SIGKILL to ``I``
+    through the pidfd.
 
 ``runner`` (Docker: started per execution or per session by ``docker exec`` as uid 0 with only
     ``CAP_SETUID``, ``CAP_SETGID``, ``CAP_KILL``)
@@ -68,6 +73,7 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
 MS_REC, MS_PRIVATE = 0x4000, 0x40000
+MNT_DETACH = 2
 
 
 # --------------------------------------------------------------------------------------------
@@ -523,6 +529,9 @@ class Sys:
     def setns(self, fd, nstype):
         self._check(self.libc.setns(fd, nstype), "setns(%#x)" % nstype)
 
+    def umount(self, target):
+        self._check(self.libc.umount2(target.encode(), MNT_DETACH), "umount %s" % target)
+
     def mount(self, source, target, fstype, flags, data=None):
         enc = lambda s: None if s is None else s.encode()  # noqa: E731
         self._check(
@@ -545,7 +554,7 @@ def init_factory(sysc, chan, cfg):
     """``F``: forked by the server before its imports (small, so cheap to fork), it creates the
     ``I`` of each tree on request: pid 1 of a fresh PID namespace, with fresh mount and IPC (and,
     for sessions, network) namespaces, a fresh tmpfs on /tmp and /dev/shm, a /proc of its own.
-    ``I`` then only reaps orphans until it is killed (which kills its whole namespace)."""
+    The answer carries the server's end of a channel to ``I`` (:func:`init_main`)."""
     own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     while True:
@@ -561,6 +570,7 @@ def init_factory(sysc, chan, cfg):
             except ChildProcessError:
                 break
         ready_r, ready_w = os.pipe()
+        srv_end, init_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         sysc.setns(own_pidns, CLONE_NEWPID)
         sysc.unshare(CLONE_NEWPID)
         pid = os.fork()
@@ -568,13 +578,11 @@ def init_factory(sysc, chan, cfg):
             try:
                 os.close(ready_r)
                 chan.sock.close()
+                srv_end.close()
                 flags = CLONE_NEWNS | CLONE_NEWIPC | (CLONE_NEWNET if kind == "session" else 0)
                 sysc.unshare(flags)
                 sysc.mount(None, "/", None, MS_REC | MS_PRIVATE)
-                opts = "size=%d,mode=1777" % cfg["tmpfs_bytes"]
-                sysc.mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts)
-                if os.path.isdir("/dev/shm"):
-                    sysc.mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts)
+                fresh_tmpfs(sysc, cfg["tmpfs_bytes"], remount=False)
                 sysc.mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
                 if kind == "session":
                     loopback_up()
@@ -583,20 +591,140 @@ def init_factory(sysc, chan, cfg):
             except BaseException as exc:
                 os.write(ready_w, ("0%r" % (exc,)).encode()[:500])
                 os._exit(70)
-            while True:
-                try:
-                    os.wait()
-                except ChildProcessError:
-                    signal.pause()  # woken by SIGCHLD (an orphan arrived), then reap it
-                except InterruptedError:
-                    pass
+            init_main(sysc, Packets(init_end), cfg)
+        init_end.close()
         os.close(ready_w)
         answer = os.read(ready_r, 600)
         os.close(ready_r)
         if answer == b"1":
-            chan.send({"pid": pid})
+            chan.send({"pid": pid}, fds=[srv_end.fileno()])
         else:
             chan.send({"error": answer[1:].decode("utf-8", "replace") or "init died"})
+        srv_end.close()
+
+
+def fresh_tmpfs(sysc, size, remount):
+    """Empty, size-capped tmpfs mounts on /tmp and /dev/shm (``remount``: detach the old ones)."""
+    opts = "size=%d,mode=1777" % size
+    for path in ("/tmp", "/dev/shm"):
+        if path == "/dev/shm" and not os.path.isdir(path):
+            continue
+        if remount:
+            sysc.umount(path)
+        sysc.mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts)
+
+
+def init_main(sysc, chan, cfg):
+    """``I``: reap orphans until killed; on ``{"op": "reset"}`` from the server, make the tree fit
+    for another execution and answer ``{"ok": true}`` (or ``{"ok": false, "error": ...}``).
+
+    A reset SIGKILLs every other process of the PID namespace and waits (up to ``RESET_WAIT_S``)
+    until none is left, then mounts fresh tmpfs on /tmp and /dev/shm and moves ``I`` to a new IPC
+    namespace (System V objects and POSIX message queues of the old one die with it). The server
+    reuses the tree only after an ``ok``; anything else and it kills ``I``. The end of the channel
+    (the server is gone) ends ``I``, and with it the namespace.
+    """
+    import select
+
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    sock = chan.sock.fileno()
+    while True:
+        try:
+            readable = select.select([sock, wake_r], [], [])[0]
+        except InterruptedError:
+            readable = []
+        reap_all()
+        if wake_r in readable:
+            try:
+                while os.read(wake_r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+        if sock not in readable:
+            continue
+        try:
+            data, fds = chan.recv_raw()
+        except (EOFError, OSError):
+            os._exit(0)
+        for fd in fds:
+            os.close(fd)
+        try:
+            if json.loads(data).get("op") != "reset":
+                continue
+            reset_tree(sysc, cfg)
+            answer = {"ok": True}
+        except Exception as exc:
+            answer = {"ok": False, "error": "%r" % (exc,)}
+        try:
+            chan.send(answer)
+        except OSError:
+            os._exit(0)
+
+
+#: How long a reset waits for the killed processes of a tree to be gone.
+RESET_WAIT_S = 2.0
+
+
+def reset_tree(sysc, cfg):
+    """``I``'s reset (see :func:`init_main`); raises if a process outlives ``RESET_WAIT_S``."""
+    import time
+
+    try:
+        os.kill(-1, signal.SIGKILL)  # pid 1 of the namespace: everything in it but itself
+    except ProcessLookupError:
+        pass
+    end = time.monotonic() + RESET_WAIT_S
+    while True:
+        reap_all()
+        left = [n for n in os.listdir("/proc") if n.isdigit() and n != "1"]
+        if not left:
+            break
+        if time.monotonic() > end:
+            raise OSError("processes %s outlived SIGKILL" % ",".join(left[:5]))
+        time.sleep(0.001)
+    fresh_tmpfs(sysc, cfg["tmpfs_bytes"], remount=True)
+    sysc.unshare(CLONE_NEWIPC)
+
+
+def reap_all():
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+
+
+#: Executions one tree (``I`` and its namespaces) serves at most before it is replaced.
+MAX_TREE_USES = 256
+
+
+class Init:
+    """The server's handle on a tree's ``I``: its pid, a pidfd, the channel for resets, and how
+    many executions its tree has served before the current one."""
+
+    def __init__(self, pid, pidfd, chan):
+        self.pid = pid
+        self.pidfd = pidfd
+        self.chan = chan
+        self.uses = 0
+
+    def kill(self):
+        """SIGKILL ``I`` (its whole PID namespace) and release the descriptors."""
+        try:
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        except OSError:
+            pass
+        self.close_fds()
+
+    def close_fds(self, keep_pidfd=False):
+        if not keep_pidfd:
+            os.close(self.pidfd)
+        self.chan.sock.close()
 
 
 def server_main(cfg):
@@ -665,13 +793,30 @@ def server_main(cfg):
     gc.freeze()
     trees = {}  # U pid -> (server's end of the tree channel, pidfd of I)
 
-    def fork_tree(kind):
+    depth = max(1, int(cfg.get("prefork", 1)))
+    sel = selectors.DefaultSelector()
+    pool = []  # inits reset and ready for another exec tree
+    releasing = {}  # fd of a finished exec tree's channel -> (channel, init): awaiting the host's close
+    resetting = {}  # fd of an init's channel -> init: awaiting its reset answer
+
+    def new_init(kind):
         factory.send({"kind": kind})
-        answer = json.loads(factory.recv_raw()[0])
-        if "error" in answer:
-            raise OSError("cannot create the sandbox init: %s" % answer["error"])
-        ipid = answer["pid"]
-        ipidfd = os.pidfd_open(ipid)
+        data, fds = factory.recv_raw()
+        answer = json.loads(data)
+        if "error" in answer or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise OSError("cannot create the sandbox init: %s" % answer.get("error", "no channel"))
+        chan = Packets(socket.socket(fileno=fds[0]))
+        try:
+            return Init(answer["pid"], os.pidfd_open(answer["pid"]), chan)
+        except OSError:
+            chan.sock.close()
+            raise
+
+    def fork_tree(kind):
+        init = pool.pop() if kind == "exec" and pool else new_init(kind)
+        ipid, ipidfd = init.pid, init.pidfd
         names = ["pid", "mnt", "ipc"] + (["net"] if kind == "session" else [])
         nsfds = {n: os.open("/proc/%d/ns/%s" % (ipid, n), os.O_RDONLY | os.O_CLOEXEC) for n in names}
         host_end, tree_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -683,8 +828,7 @@ def server_main(cfg):
         except BaseException:
             for fd in (*nsfds.values(), to_u_r, to_u_w, from_u_r, from_u_w):
                 os.close(fd)
-            signal.pidfd_send_signal(ipidfd, signal.SIGKILL)
-            os.close(ipidfd)
+            init.kill()
             raise
         if upid != 0:
             for fd in nsfds.values():
@@ -698,9 +842,17 @@ def server_main(cfg):
                 host_end.close()
                 ctl.close()
                 factory.sock.close()
-                for other_end, other_pidfd in trees.values():
+                # nothing of other trees (nor this tree's init channel) stays in U
+                init.close_fds(keep_pidfd=True)  # ipidfd: closed above
+                for other_end, other_init, _kind in trees.values():
                     other_end.close()
-                    os.close(other_pidfd)
+                    other_init.close_fds()
+                for other_end, other_init in releasing.values():
+                    other_end.close()
+                    other_init.close_fds()
+                for other_init in (*pool, *resetting.values()):
+                    other_init.close_fds()
+                sel.close()
                 sysc.setns(nsfds["mnt"], CLONE_NEWNS)
                 sysc.setns(nsfds["ipc"], CLONE_NEWIPC)
                 if "net" in nsfds:
@@ -745,13 +897,13 @@ def server_main(cfg):
                     f.write(mapping)
             os.write(to_u_w, b"m")
         except OSError:
-            signal.pidfd_send_signal(ipidfd, signal.SIGKILL)
+            init.kill()
             raise
         finally:
             os.close(to_u_w)
             os.close(from_u_r)
-        trees[upid] = (tree_end, ipidfd)
-        return upid, host_end, ipidfd
+        trees[upid] = (tree_end, init, kind)
+        return upid, host_end, ipidfd, init.uses
 
     def reap():
         while True:
@@ -764,28 +916,63 @@ def server_main(cfg):
             if pid == fpid:
                 os._exit(3)  # the init factory died: this worker is broken
             entry = trees.pop(pid, None)
-            if entry is not None:  # U is gone: say how, and end its namespace
-                tree_end, ipidfd = entry
+            if entry is not None:  # U is gone: say how; then end its namespace, or reuse it
+                tree_end, init, kind = entry
                 try:
                     Packets(tree_end).send({"event": "exit", "status": status})
                 except OSError:
                     pass
-                tree_end.close()
-                try:
-                    signal.pidfd_send_signal(ipidfd, signal.SIGKILL)
-                except OSError:
-                    pass
-                os.close(ipidfd)
+                if kind == "exec" and os.WIFEXITED(status) and init.uses + 1 < MAX_TREE_USES:
+                    releasing[tree_end.fileno()] = (tree_end, init)
+                    sel.register(tree_end, selectors.EVENT_READ, "release")
+                else:
+                    tree_end.close()
+                    init.kill()
 
-    depth = max(1, int(cfg.get("prefork", 1)))
+    def released(fd):
+        """The host closed a finished exec tree's channel (it will not kill that init any more):
+        ask the init to reset its tree."""
+        tree_end, init = releasing[fd]
+        try:
+            if tree_end.recv(CHUNK + 4096):
+                return  # what the host sent that U never read; the close comes later
+        except OSError:
+            pass
+        sel.unregister(tree_end)
+        del releasing[fd]
+        tree_end.close()
+        try:
+            init.chan.send({"op": "reset"})
+        except OSError:
+            init.kill()
+            return
+        resetting[init.chan.sock.fileno()] = init
+        sel.register(init.chan.sock, selectors.EVENT_READ, "reset")
+
+    def reset_done(fd):
+        init = resetting.pop(fd)
+        sel.unregister(init.chan.sock)
+        try:
+            answer = json.loads(init.chan.recv_raw()[0])
+        except (EOFError, OSError, ValueError):
+            answer = {}
+        if isinstance(answer, dict) and answer.get("ok") is True and len(pool) < depth:
+            init.uses += 1
+            pool.append(init)
+        else:
+            init.kill()
+
     ready = [fork_tree("exec") for _ in range(depth)]
     ctl.send(frame({"event": "ready", "loaded": loaded, "skipped": skipped}))
-    sel = selectors.DefaultSelector()
     sel.register(ctl, selectors.EVENT_READ)
     sel.register(wake_r, selectors.EVENT_READ)
     while True:
         for key, _ in sel.select():
-            if key.fileobj is ctl:
+            if key.data == "release":
+                released(key.fd)
+            elif key.data == "reset":
+                reset_done(key.fd)
+            elif key.fileobj is ctl:
                 data = ctl.recv(1 << 16)
                 if not data:
                     os._exit(0)
@@ -796,9 +983,9 @@ def server_main(cfg):
                         tree = ready.pop(0) if ready else fork_tree("exec")
                     else:
                         tree = fork_tree(kind)
-                    pid, host_end, pidfd = tree
+                    pid, host_end, pidfd, uses = tree
                     socket.send_fds(
-                        ctl, [frame({"event": "tree", "pid": pid})], [host_end.fileno(), pidfd]
+                        ctl, [frame({"event": "tree", "pid": pid, "reused": uses})], [host_end.fileno(), pidfd]
                     )
                     host_end.close()
                     if len(ready) < depth and not sel.select(0):  # refill unless asked again

@@ -114,14 +114,22 @@ class Tree:
             namespace. ``None`` for a local session process.
         proc: the local session process (unsafe-local); its group is killed instead, and its exit
             status read from it.
+        reusable: a one-shot tree whose init the warm server resets and reuses after a normal end
+            (its ``U`` exited by itself after killing the rest of the tree): then the host leaves
+            the init alone and only closes its channel (:attr:`keep_init`), which tells the server
+            that the host can no longer kill it. Any other end kills the init as usual.
     """
 
     def __init__(
-        self, conn: AsyncConn, *, pidfd: int | None = None, proc: subprocess.Popen[bytes] | None = None
+        self, conn: AsyncConn, *, pidfd: int | None = None, proc: subprocess.Popen[bytes] | None = None,
+        reusable: bool = False,
     ) -> None:
         self.conn = conn
         self.pidfd = pidfd
         self.proc = proc
+        self.reusable = reusable
+        self.keep_init = False
+        """Set by :func:`run_on_tree` after a normal end of a reusable tree: close without killing."""
         self.closed = False
 
     def kill(self) -> None:
@@ -150,11 +158,12 @@ class Tree:
         return self.proc.poll()
 
     def close(self) -> None:
-        """Kill the tree and release its descriptors (the kernel reaps the namespace)."""
+        """Kill the tree (unless :attr:`keep_init`) and release its descriptors."""
         if self.closed:
             return
         self.closed = True
-        self.kill()
+        if not self.keep_init:
+            self.kill()
         self.conn.close()
         if self.pidfd is not None:
             os.close(self.pidfd)
@@ -243,7 +252,12 @@ async def run_on_tree(
             timed_out = scope.cancelled_caught
             wall_s = time.monotonic() - started_at
             ended = True
-            if state["done"] is None:
+            status = state["status"]
+            if tree.reusable and not timed_out and state["error"] is None and status is not None and os.WIFEXITED(status):
+                # U exited by itself after killing the rest of the tree: the server resets the
+                # init once this side has closed the channel (see Tree.reusable).
+                tree.keep_init = True
+            elif state["done"] is None:
                 # The tree is finished or must go: SIGKILL its init (the whole PID namespace).
                 # After a normal exit nothing can run any more (every process left has a pending
                 # SIGKILL), so only an abnormal end waits for the namespace to be gone.

@@ -163,12 +163,16 @@ class PoolStats:
             or warm mode while no worker was ready yet).
         workers_started: warm workers launched (including replacements and session-only ones).
         workers_replaced: warm workers killed because they died or misbehaved.
+        trees_reused: warm executions that ran in a tree (PID, mount and IPC namespaces) an
+            earlier execution had used and its init had reset (killed everything, fresh /tmp,
+            /dev/shm and IPC namespace); the rest got a tree of their own.
     """
 
     warm_runs: int = 0
     cold_runs: int = 0
     workers_started: int = 0
     workers_replaced: int = 0
+    trees_reused: int = 0
 
 
 class BubblewrapSandbox(_SandboxBase):
@@ -684,7 +688,9 @@ class _Worker:
                 f"bubblewrap sandbox: the warm worker did not hand out a tree{self._stderr_note()}"
             )
         sock = socket.socket(fileno=fds[0])
-        return Tree(AsyncConn(sock), pidfd=fds[1])
+        if kind == "exec" and msg.get("reused"):
+            self.sandbox.stats.trees_reused += 1
+        return Tree(AsyncConn(sock), pidfd=fds[1], reusable=kind == "exec")
 
     async def _recv(self) -> tuple[dict[str, Any] | None, list[int]]:
         assert self.ctl is not None

@@ -186,3 +186,71 @@ def test_cancelled_run_keeps_the_worker(loop: str) -> None:
 
     r, stats = arun(go, loop)
     assert r.stdout == "next\n" and stats.workers_replaced == 0 and stats.warm_runs == 2, stats
+
+
+# What identifies an execution's tree from inside: its PID namespace and when its init started.
+TREE_ID = "import os\nprint('tree', os.readlink('/proc/self/ns/pid'), open('/proc/1/stat').read().rsplit(')', 1)[1].split()[19])\n"
+
+
+def tree_of(r: ExecResult) -> str:
+    line = next(x for x in r.stdout.splitlines() if x.startswith("tree "))
+    return line.split(" ", 1)[1]
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_a_reused_tree_carries_nothing_over(loop: str) -> None:
+    """The first execution leaves files, System V shared memory, a POSIX message queue and a
+    daemon behind; executions that run later in the same (reset) tree find none of them."""
+    leave = TREE_ID + (
+        "import ctypes, os, time\n"
+        "open('/tmp/left', 'w').write('x'); open('/dev/shm/left', 'w').write('x')\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "assert libc.shmget(0x5eed, 4096, 0o1666) >= 0\n"
+        "rt = ctypes.CDLL('librt.so.1', use_errno=True)\n"
+        "assert rt.mq_open(b'/left', 0o100 | 0o2, 0o666, None) >= 0\n"  # O_CREAT | O_RDWR
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    while True: time.sleep(0.01)\n"
+    )
+    find = TREE_ID + (
+        "import ctypes, os\n"
+        "print('files', [n for n in os.listdir('/tmp') if n != 'main.py'], os.listdir('/dev/shm'))\n"
+        "print('shm', ctypes.CDLL(None).shmget(0x5eed, 0, 0))\n"
+        "print('mq', ctypes.CDLL('librt.so.1').mq_open(b'/left', 0o2))\n"
+        "print('procs', sorted(int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid())))\n"
+    )
+
+    async def go() -> tuple[ExecResult, list[ExecResult], Any]:
+        async with light(max_concurrency=1) as sb:
+            await sb.start()
+            first = await sb.run(leave)
+            later = [await sb.run(find) for _ in range(8)]
+            return first, later, sb.stats
+
+    first, later, stats = arun(go, loop)
+    assert first.ok, first
+    same_tree = [r for r in later if tree_of(r) == tree_of(first)]
+    assert same_tree and stats.trees_reused >= len(same_tree), (stats, [tree_of(r) for r in later])
+    for r in later:
+        lines = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+        assert r.ok and lines["files"] == "[] []" and lines["shm"] == "-1" and lines["mq"] == "-1", r
+        assert lines["procs"] == "[]", r
+
+
+@pytest.mark.parametrize("how", ["timeout", "crash"])
+def test_a_tree_that_ended_badly_is_never_reused(how: str) -> None:
+    """A tree whose execution ran into its deadline, or whose process was killed by a signal, is
+    ended, not reset: no later execution runs in it."""
+    bad = TREE_ID + ("import time\ntime.sleep(30)\n" if how == "timeout" else "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+
+    async def go() -> tuple[ExecResult, list[ExecResult], Any]:
+        async with BubblewrapSandbox(preload=[], warmup="", timeout_s=1.0, max_concurrency=1) as sb:
+            await sb.start()
+            first = await sb.run(bad)
+            later = [await sb.run(TREE_ID) for _ in range(8)]
+            return first, later, sb.stats
+
+    first, later, stats = arun(go)
+    assert (first.timed_out if how == "timeout" else first.exit_code == 128 + signal.SIGKILL), first
+    assert stats.trees_reused > 0 and stats.workers_replaced == 0, stats  # reuse goes on for the others
+    assert all(r.ok for r in later) and tree_of(first) not in {tree_of(r) for r in later}
