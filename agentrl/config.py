@@ -154,6 +154,11 @@ class GeneratorConfig(_Section):
     """Disable CUDA graphs / compilation (faster start-up; recommended for tiny models and CPU)."""
     enable_prefix_caching: bool = True
     """Reuse KV cache across requests that share a prefix (groups share their prompt)."""
+    block_size: int | None = Field(None, gt=0)
+    """KV-cache block size, tokens. Prefix caching reuses whole blocks only, so a later turn of
+    an episode recomputes whatever of its history does not fill a block. None = 32 on CPU
+    (vLLM-CPU's own default, 128, re-prefills short episodes' whole history every turn) and
+    vLLM's default on GPUs (16)."""
     num_cpus: float = Field(1.0, gt=0)
     """Ray CPUs reserved per generator actor."""
     num_gpus: float = Field(0.0, ge=0)

@@ -303,6 +303,7 @@ class Controller:
             gpu_memory_utilization=g.gpu_memory_utilization,
             enforce_eager=g.enforce_eager,
             enable_prefix_caching=g.enable_prefix_caching,
+            block_size=g.block_size,
             cpu_threads_bind=g.cpu_threads_bind,
             seed=r.seed,
             weight_transfer=None if g.weight_sync == "disk" else g.weight_sync,

@@ -22,7 +22,7 @@ from typing import Any
 
 from agentrl.errors import GeneratorError, ModelError
 
-__all__ = ["BusyClock", "EngineSettings", "Generation", "Generator", "GeneratorCounters", "versions_from_spans"]
+__all__ = ["BusyClock", "CPU_BLOCK_SIZE", "EngineSettings", "Generation", "Generator", "GeneratorCounters", "engine_kwargs", "versions_from_spans"]
 
 
 @dataclass
@@ -45,6 +45,9 @@ class EngineSettings:
     """No CUDA graphs / compilation."""
     enable_prefix_caching: bool = True
     """Share KV cache between requests with a common prefix."""
+    block_size: int | None = None
+    """KV-cache block size in tokens; prefix caching reuses whole blocks only. None = 32 on CPU
+    (:data:`CPU_BLOCK_SIZE`) and vLLM's own default on GPUs (16)."""
     cpu_threads_bind: str = "auto"
     """``VLLM_CPU_OMP_THREADS_BIND`` on CPU."""
     seed: int = 0
@@ -144,6 +147,43 @@ class GeneratorCounters:
         }
 
 
+CPU_BLOCK_SIZE = 32
+"""Block size of CPU engines unless set. vLLM-CPU's default, 128, caches prefixes in 128-token
+blocks only: a multi-turn episode shorter than that re-prefilled its whole history on every turn,
+and a group's shared prompt was recomputed per sample. 32 is the smallest size the CPU attention
+backend prefers (multiples of 32)."""
+
+
+def engine_kwargs(s: EngineSettings, on_gpu: bool) -> dict[str, Any]:
+    """``AsyncEngineArgs`` keyword arguments for ``s`` on a GPU (``on_gpu``) or CPU machine."""
+    kwargs: dict[str, Any] = {
+        "model": s.model,
+        "tokenizer": s.tokenizer or s.model,
+        "dtype": s.dtype,
+        "max_model_len": s.max_model_len,
+        "enforce_eager": s.enforce_eager,
+        "enable_prefix_caching": s.enable_prefix_caching,
+        "seed": s.seed,
+        "gpu_memory_utilization": s.gpu_memory_utilization,
+    }
+    if s.block_size is not None:
+        kwargs["block_size"] = s.block_size
+    if not on_gpu:
+        del kwargs["gpu_memory_utilization"]
+        # An explicit KV-cache size: vLLM-CPU's default is a fraction of host memory
+        # (NUMA node 0 only), which fails when anything else runs on the machine.
+        kwargs["kv_cache_memory_bytes"] = int(s.kv_cache_gib * 2**30)
+        # vLLM-CPU 0.32 crashes ("CPU Generator does not use offset") when a request with a
+        # per-request seed is prefilled in chunks; seeded sampling is how episodes stay
+        # reproducible, so prefills are scheduled whole on CPU.
+        kwargs["enable_chunked_prefill"] = False
+        kwargs["max_num_batched_tokens"] = max(s.max_model_len, 4096)
+        kwargs.setdefault("block_size", CPU_BLOCK_SIZE)
+    if s.weight_transfer is not None:
+        kwargs["weight_transfer_config"] = {"backend": s.weight_transfer}
+    return {**kwargs, **s.extra}
+
+
 class Generator(GeneratorCounters):
     """One vLLM engine: ``generate`` (token ids in, token ids + logprobs + versions out) and
     ``update_weights`` (in-flight reload). Call ``start()`` once before use."""
@@ -168,33 +208,13 @@ class Generator(GeneratorCounters):
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise GeneratorError(f"vLLM is not installed ({exc}); run scripts/setup.sh") from exc
         on_gpu = torch.cuda.is_available()
-        memory: dict[str, Any] = {"gpu_memory_utilization": s.gpu_memory_utilization}
         if not on_gpu:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", s.cpu_threads_bind)
-            # An explicit KV-cache size: vLLM-CPU's default is a fraction of host memory
-            # (NUMA node 0 only), which fails when anything else runs on the machine.
-            memory = {"kv_cache_memory_bytes": int(s.kv_cache_gib * 2**30)}
-            # vLLM-CPU 0.32 crashes ("CPU Generator does not use offset") when a request with a
-            # per-request seed is prefilled in chunks; seeded sampling is how episodes stay
-            # reproducible, so prefills are scheduled whole on CPU.
-            memory["enable_chunked_prefill"] = False
-            memory["max_num_batched_tokens"] = max(s.max_model_len, 4096)
         if s.weight_transfer is not None:
             from agentrl.engine.weight_transfer import register
 
             register()
-            memory["weight_transfer_config"] = {"backend": s.weight_transfer}
-        args = AsyncEngineArgs(
-            model=s.model,
-            tokenizer=s.tokenizer or s.model,
-            dtype=s.dtype,
-            max_model_len=s.max_model_len,
-            enforce_eager=s.enforce_eager,
-            enable_prefix_caching=s.enable_prefix_caching,
-            seed=s.seed,
-            **memory,
-            **s.extra,
-        )
+        args = AsyncEngineArgs(**engine_kwargs(s, on_gpu))
         t0 = time.monotonic()
         try:
             self.engine = AsyncLLM.from_engine_args(args)

@@ -38,3 +38,20 @@ def test_busy_time_counts_overlapping_requests_once(monkeypatch) -> None:
 def test_versions_from_spans() -> None:
     assert versions_from_spans([("1", 0, 2), ("2", 2, 5)], 5, 0) == [1, 1, 2, 2, 2]
     assert versions_from_spans(None, 3, 7) == [7, 7, 7]
+
+
+def test_engine_arguments_on_cpu_and_gpu() -> None:
+    """CPU engines get an explicit KV-cache size, whole prefills and 32-token blocks (prefix
+    caching at a granularity short episodes can use); GPU engines keep vLLM's defaults."""
+    from agentrl.engine.generator import CPU_BLOCK_SIZE, engine_kwargs
+
+    s = EngineSettings(model="m", kv_cache_gib=0.5, max_model_len=1024)
+    cpu = engine_kwargs(s, on_gpu=False)
+    assert cpu["block_size"] == CPU_BLOCK_SIZE == 32 and cpu["kv_cache_memory_bytes"] == 2**29
+    assert cpu["enable_chunked_prefill"] is False and "gpu_memory_utilization" not in cpu
+    gpu = engine_kwargs(s, on_gpu=True)
+    assert "block_size" not in gpu and gpu["gpu_memory_utilization"] == 0.85 and "kv_cache_memory_bytes" not in gpu
+    assert engine_kwargs(EngineSettings(model="m", block_size=128), on_gpu=False)["block_size"] == 128
+    assert engine_kwargs(EngineSettings(model="m", block_size=64), on_gpu=True)["block_size"] == 64
+    extra = engine_kwargs(EngineSettings(model="m", weight_transfer="gloo", extra={"tensor_parallel_size": 2}), on_gpu=True)
+    assert extra["weight_transfer_config"] == {"backend": "gloo"} and extra["tensor_parallel_size"] == 2

@@ -43,6 +43,7 @@ def test_real_vllm_stops_in_the_step_and_returns_the_same_tokens(tiny_calc_model
         g = Generator(EngineSettings(model=str(tiny_calc_model), max_model_len=256, kv_cache_gib=0.05), timeout_s=60)
         await g.start()
         try:
+            assert g.engine.vllm_config.cache_config.block_size == 32  # the CPU default (prefix caching)
             for seed in range(3):
                 base = {"temperature": 1.0, "max_tokens": 64, "seed": seed, "stop": ["</code>"], "allowed_token_ids": allowed}
                 by_string = await g.generate(prompt, base)
