@@ -21,6 +21,17 @@ engine adds on top (tool time included).
 
 The model should be one that calls the tool (e.g. the SFT stage of ``recipes/tiny_calc.toml``),
 so that episodes really are multi-turn.
+
+``--stops ids strings`` runs the engine pass both ways: ``</code>`` also sent as a stop token id
+(what the engine does, :mod:`agentrl.engine.stops`), and as a stop string alone, which vLLM checks
+in its front end after the engine core has moved on.
+
+``--turn-tokens N`` fixes the episodes' shape instead (:class:`ShapedCalcEnv`): ``--turns`` model
+turns of exactly N tokens each (``ignore_eos``, no stop string), each but the last followed by a
+real execution of the row's program in the sandbox and its interpreter message rendered into the
+template. The tiny model's own Calc turns are ~12 tokens, far shorter than a code-interpreter
+model's (hundreds), so per-turn costs weigh much more than they would in a real run; the shaped
+workload measures the same machinery at a chosen turn length, with any model.
 """
 
 from __future__ import annotations
@@ -81,20 +92,46 @@ class ArithmeticSandbox:
         pass
 
 
-async def _engine_pass(gens: list[Any], tok: Any, rows: list[dict], concurrency: int, sandbox: Any) -> tuple[float, list[int], list[list[int]], float]:
+def shaped_env_class() -> type:
+    """:class:`ShapedCalcEnv` (defined on first use: the envs package is imported lazily)."""
+    from agentrl.envs.calc import CalcEnv
+
+    class ShapedCalcEnv(CalcEnv):
+        """Calc-v0 with a fixed shape: whatever a model turn says, turns 1 .. max_turns-1 run the
+        row's program (``print(a*b+c)``) through the env's real tool path (parser, sandbox,
+        interpreter message) and the last turn is scored as a final answer."""
+
+        async def astep(self, action: str) -> Any:
+            assert self.row is not None
+            if self.turn + 1 >= self.max_turns:
+                return await super().astep("\\boxed{0}")
+            expr = str(self.row["question"]).removeprefix("Compute ").removesuffix(".")
+            return await super().astep(f"<code>print({expr})</code>")
+
+    return ShapedCalcEnv
+
+
+async def _engine_pass(
+    gens: list[Any], tok: Any, rows: list[dict], concurrency: int, sandbox: Any, turn_tokens: int, turns: int, stop_ids: bool = True
+) -> tuple[float, list[int], list[list[int]], float, list[list[tuple[list[int], int]]]]:
     from agentrl.engine.rollout import play_episode
     from agentrl.envs.calc import CalcEnv
 
     sem = asyncio.Semaphore(concurrency)
     out: list[Any] = [None] * len(rows)
+    if turn_tokens:
+        env_cls, sampling, max_new = shaped_env_class(), {"temperature": 1.0, "ignore_eos": True}, turn_tokens
+    else:
+        env_cls, sampling, max_new = CalcEnv, {"temperature": 1.0, "stop": ["</code>"]}, 48
 
     async def one(i: int) -> None:
         async with sem:
-            env = CalcEnv(sandbox=sandbox, max_turns=3, timeout_s=5.0)
+            env = env_cls(sandbox=sandbox, max_turns=turns, timeout_s=5.0)
             gen = gens[i % len(gens)]
             out[i] = await play_episode(
                 env, tok, gen.generate, row=rows[i], group_id=f"g{i}", prompt_index=i, sample_index=0, seed=0,
-                sampling={"temperature": 1.0, "stop": ["</code>"]}, max_new_tokens=48, max_episode_tokens=512,
+                sampling=sampling, max_new_tokens=max_new, max_episode_tokens=max(512, 4 * turns * max_new),
+                single_token_stops=stop_ids,
             )
 
     t0 = time.monotonic()
@@ -165,33 +202,46 @@ async def main_async(args: argparse.Namespace) -> None:
         )
         for name in args.sandboxes
     }
+    stops = ["ids"] if args.turn_tokens else args.stops  # shaped turns have no stop string
+    variants = [(name, stop) for name in args.sandboxes for stop in stops]
     results = []
     for n_gen in args.generators:
-        gens = [Generator(EngineSettings(model=args.model, max_model_len=1024, kv_cache_gib=0.5, cpu_threads_bind=args.bind)) for _ in range(n_gen)]
+        extra = {"block_size": args.block_size} if args.block_size else {}
+        gens = [
+            Generator(EngineSettings(model=args.model, max_model_len=1024, kv_cache_gib=0.5, cpu_threads_bind=args.bind, extra=extra))
+            for _ in range(n_gen)
+        ]
         for g in gens:
             await g.start()
+        for sandbox in sandboxes.values():  # untimed: start the sandbox workers, warm the engine(s)
+            if hasattr(sandbox, "start"):
+                await sandbox.start()
+            await _engine_pass(gens, tok, rows[:16], 8, sandbox, args.turn_tokens, args.turns)
         for c in args.concurrency:
             for _ in range(args.repeats):
-                for name, sandbox in sandboxes.items():  # each engine pass, then raw vLLM on its tokens
-                    wall_e, lengths, prompts, turns, requests = await _engine_pass(gens, tok, rows, c, sandbox)
+                for name, stop in variants:  # each engine pass, then raw vLLM on its tokens
+                    wall_e, lengths, prompts, turns, requests = await _engine_pass(
+                        gens, tok, rows, c, sandboxes[name], args.turn_tokens, args.turns, stop == "ids"
+                    )
                     wall_r = await _raw_pass(gens, prompts, lengths, c)
                     wall_p = await _replay_pass(gens, requests, c)
                     tokens = sum(lengths)
                     results.append({
-                        "sandbox": name, "generators": n_gen, "concurrency": c, "engine": tokens / wall_e, "raw": tokens / wall_r,
-                        "replay": tokens / wall_p, "turns": turns, "tokens": tokens,
+                        "sandbox": name, "stop": stop, "generators": n_gen, "concurrency": c, "engine": tokens / wall_e,
+                        "raw": tokens / wall_r, "replay": tokens / wall_p, "turns": turns, "tokens": tokens,
                     })
         for g in gens:
             await g.shutdown()
     for sandbox in sandboxes.values():
         await sandbox.aclose()
-    print(f"\nCalc-v0 episodes: {args.episodes} per pass, {args.repeats} repeats (median), model {args.model}\n")
-    print("| tool | generators | concurrent episodes | engine tok/s | raw vLLM tok/s | ratio | replay tok/s | replay/raw | engine/replay | turns/episode |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for name in args.sandboxes:
+    shape = f"shaped: {args.turns} turns of {args.turn_tokens} tokens" if args.turn_tokens else f"up to {args.turns} turns, as the model writes them"
+    print(f"\nCalc-v0 episodes ({shape}): {args.episodes} per pass, {args.repeats} repeats (median), model {args.model}\n")
+    print("| tool | stop | generators | concurrent episodes | engine tok/s | raw vLLM tok/s | ratio | replay tok/s | replay/raw | engine/replay | turns/episode |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, stop in variants:
         for n_gen in args.generators:
             for c in args.concurrency:
-                rs = [r for r in results if r["sandbox"] == name and r["generators"] == n_gen and r["concurrency"] == c]
+                rs = [r for r in results if (r["sandbox"], r["stop"], r["generators"], r["concurrency"]) == (name, stop, n_gen, c)]
                 e = statistics.median(r["engine"] for r in rs)
                 raw = statistics.median(r["raw"] for r in rs)
                 ratio = statistics.median(r["engine"] / r["raw"] for r in rs)
@@ -199,7 +249,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 rep_raw = statistics.median(r["replay"] / r["raw"] for r in rs)
                 eng_rep = statistics.median(r["engine"] / r["replay"] for r in rs)
                 print(
-                    f"| {name} | {n_gen} | {c} | {e:.0f} | {raw:.0f} | {ratio:.2f} | {rep:.0f} | {rep_raw:.2f} | {eng_rep:.2f} | "
+                    f"| {name} | {stop if not args.turn_tokens else '-'} | {n_gen} | {c} | {e:.0f} | {raw:.0f} | {ratio:.2f} | {rep:.0f} | {rep_raw:.2f} | {eng_rep:.2f} | "
                     f"{statistics.median(r['turns'] for r in rs):.2f} |"
                 )
 
@@ -212,9 +262,15 @@ def main() -> None:
     ap.add_argument("--generators", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--bind", default="0-1", help="VLLM_CPU_OMP_THREADS_BIND")
+    ap.add_argument("--block-size", type=int, default=0, help="vLLM KV-cache block size (0: the engine's default, 32 on CPU)")
     ap.add_argument("--sandboxes", nargs="+", default=["bubblewrap", "arithmetic"], choices=["bubblewrap", "arithmetic"],
                     help="where the episodes' code runs (arithmetic: in process, no sandbox; a baseline)")
     ap.add_argument("--sandbox-concurrency", type=int, default=8, help="bubblewrap workers")
+    ap.add_argument("--turn-tokens", type=int, default=0, help="fixed tokens per model turn (0: the model's own Calc turns)")
+    ap.add_argument("--turns", type=int, default=3, help="model turns per episode (the limit; exact with --turn-tokens)")
+    ap.add_argument("--stops", nargs="+", default=["ids"], choices=["ids", "strings"],
+                    help="how turns end at </code>: ids = also a stop token id (the engine's default), strings = "
+                         "vLLM's front-end string check alone; both: one engine pass each, to compare")
     ap.add_argument("--preload", nargs="*", default=None, help="modules the warm workers import (default: numpy, sympy)")
     args = ap.parse_args()
     if not Path(args.model).exists():

@@ -189,10 +189,20 @@ async def measure_latency(kind: str, workload: str, rounds: int, runs: int, gap_
 
 @dataclass
 class Load:
-    """Executions per second with ``concurrency`` callers, and each execution's latency (s)."""
+    """Executions per second with ``concurrency`` callers, each execution's latency (s), and the
+    machine's busy CPU time per execution (s: every process, the benchmark's own included)."""
 
     rate: float
     latencies: Latency
+    cpu_s: float
+
+
+def busy_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot (``/proc/stat``: user, nice,
+    system, irq, softirq, steal)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:9]]
+    return (sum(fields[:3]) + sum(fields[5:8])) / os.sysconf("SC_CLK_TCK")
 
 
 async def measure_throughput(kind: str, concurrency: int, total: int, pool_cap: int) -> Load:
@@ -206,11 +216,11 @@ async def measure_throughput(kind: str, concurrency: int, total: int, pool_cap: 
             for _ in todo:
                 lat.samples.append(await run_checked(sb, TRIVIAL, "1\n"))
 
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), busy_cpu_s()
         async with anyio.create_task_group() as tg:
             for _ in range(concurrency):
                 tg.start_soon(caller)
-        return Load(total / (time.perf_counter() - t0), lat)
+        return Load(total / (time.perf_counter() - t0), lat, (busy_cpu_s() - cpu0) / total)
     finally:
         await sb.aclose()
 
@@ -326,11 +336,17 @@ def report(args: argparse.Namespace, lat: dict[tuple[str, str], Latency],
         def latency(kind: str, v: Load, c: int) -> str:
             return f"{fmt_ms(v.latencies.q(0.5))} / {fmt_ms(v.latencies.q(0.99))}"
 
+        def cpu(kind: str, v: Load, c: int) -> str:
+            return f"{v.cpu_s * 1000:.1f}"
+
         for title, cell in (
             (f"Throughput of trivial code (executions/s) with that many callers at once; pools hold "
              f"at most {args.pool_cap} workers or containers; in brackets: × baseline.", rate),
             ("Latency of each of those executions (ms, p50 / p99), under that load: a caller "
              "waits for a free worker, and on 2 cores for the CPU the others use.", latency),
+            ("CPU the whole machine spent per execution in those runs (ms; /proc/stat, every "
+             "process: the code, the sandbox's own processes, the kernel, this benchmark). On "
+             "shared cores this is what an execution takes from everything else (vLLM, the learner).", cpu),
         ):
             lines += [
                 title,
@@ -371,9 +387,11 @@ def report(args: argparse.Namespace, lat: dict[tuple[str, str], Latency],
         "Notes: the machine is shared (other jobs may run at nice 15 during the measurement; see "
         "the load averages). The warm fork server forks each execution's process ahead of the "
         "request, so its latency is the code's own run time plus a few system calls; its cost moves "
-        "to the background (fork, namespace set-up, teardown: ~10 ms of CPU per execution), which "
-        "bounds its throughput on 2 cores. `docker exec` pays runc's process start plus a fresh "
-        "interpreter per execution.",
+        "to the background (the fork and, mostly, its copy-on-write page faults and teardown; "
+        "see the CPU table), which bounds its throughput on 2 cores. A one-shot tree's namespaces "
+        "are reused by later executions once its init has reset it (everything killed, fresh "
+        "/tmp, /dev/shm and IPC namespace): no namespaces or init to create and tear down per execution. "
+        "`docker exec` pays runc's process start plus a fresh interpreter per execution.",
         "",
     ]
     return "\n".join(lines)
