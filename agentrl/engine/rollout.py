@@ -53,18 +53,21 @@ async def play_episode(
     max_new_tokens: int,
     max_episode_tokens: int,
     max_turns: int = 64,
+    single_token_stops: bool = True,
 ) -> Trajectory:
     """Play one episode and return its trajectory.
 
     ``sampling`` holds ``SamplingParams`` arguments shared by all turns (temperature, stop...);
     ``max_tokens`` and ``seed`` are set per turn; stop strings that are single tokens are also
-    passed as stop token ids (:mod:`agentrl.engine.stops`). The episode ends when the environment
+    passed as stop token ids (:mod:`agentrl.engine.stops`; ``single_token_stops=False`` leaves
+    them to vLLM's front end alone, for benchmarks that compare the two). The episode ends when the environment
     terminates or truncates it, when the token budget is spent (status ``overflow``) or when the
     infrastructure fails (status ``infra_failure``; what was generated is kept for inspection
     but never trained).
     """
     t0 = time.monotonic()
-    sampling = with_stop_token_ids(tokenizer, sampling)
+    if single_token_stops:
+        sampling = with_stop_token_ids(tokenizer, sampling)
     base = env.unwrapped
     messages, _ = base.reset(seed=seed, options={"row": row})
     renderer = IncrementalRenderer(tokenizer, messages)
