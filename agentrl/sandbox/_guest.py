@@ -402,6 +402,16 @@ def run_one(chan, env, kill_strategy):
     os._exit(status)
 
 
+def reap_all():
+    """Reap every child of this process that has exited (never blocks)."""
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+
+
 def kill_leftovers(strategy, wait_s=2.0):
     """Kill every process this one started (or could have), except itself, and wait (up to
     ``wait_s``) until they are gone, reaping its own children.
@@ -436,12 +446,7 @@ def kill_leftovers(strategy, wait_s=2.0):
                 pass
     end = time.monotonic() + wait_s
     while True:
-        while True:
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    break
-            except ChildProcessError:
-                break
+        reap_all()
         alive = [
             pid for pid, _ppid, puid, state in _processes()
             if pid not in (me, 1) and state not in ("Z", "X")
@@ -563,12 +568,7 @@ def init_factory(sysc, chan, cfg):
         except EOFError:
             os._exit(0)
         kind = json.loads(data)["kind"]
-        while True:  # reap the inits that died since
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    break
-            except ChildProcessError:
-                break
+        reap_all()  # the inits that died since
         ready_r, ready_w = os.pipe()
         srv_end, init_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         sysc.setns(own_pidns, CLONE_NEWPID)
@@ -688,15 +688,6 @@ def reset_tree(sysc, cfg):
         time.sleep(0.001)
     fresh_tmpfs(sysc, cfg["tmpfs_bytes"], remount=True)
     sysc.unshare(CLONE_NEWIPC)
-
-
-def reap_all():
-    while True:
-        try:
-            if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                return
-        except ChildProcessError:
-            return
 
 
 #: Executions one tree (``I`` and its namespaces) serves at most before it is replaced.
