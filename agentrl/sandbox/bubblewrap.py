@@ -21,7 +21,7 @@ namespace. When the code ends, ``U`` kills whatever else is left in the namespac
 If ``U`` exited by itself, the server keeps the tree once the engine has let go of it: ``I``
 kills and reaps everything else, mounts empty tmpfs on ``/tmp`` and ``/dev/shm`` and moves to a
 new IPC namespace, and a later execution's ``U`` is forked into it (no namespaces to create or
-tear down: about half of the CPU an execution cost). A timeout, a crash or a failed reset ends the
+tear down: about 40 % of the CPU an execution cost without preloads). A timeout, a crash or a failed reset ends the
 namespace instead. An execution therefore costs no interpreter start-up, import or fork on its
 critical path (the fork and the teardown, ~7 ms of machine CPU without preloads and ~9-13 ms with
 numpy and sympy, happen in the background). A worker runs one execution at a time (so concurrent executions never
