@@ -9,7 +9,8 @@ Tool-call end markers are often single tokens (``</tool_call>`` in Qwen2.5/Qwen3
 ``</code>`` in the tiny model's). :func:`with_stop_token_ids` adds such markers to
 ``stop_token_ids`` and keeps them in ``stop``: the string check still catches the same marker
 spelled with several tokens, so what ends a turn does not change, only how early the engine
-learns it. Nothing is re-tokenised: the ids are looked up once per tokenizer and stop list.
+learns it. Nothing the model wrote is re-tokenised: only the stop strings are encoded, once per
+episode (microseconds, beside a turn's generation).
 """
 
 from __future__ import annotations
@@ -18,21 +19,16 @@ from typing import Any
 
 __all__ = ["single_token_ids", "with_stop_token_ids"]
 
-_CACHE: dict[tuple[int, tuple[str, ...]], list[int]] = {}
-
 
 def single_token_ids(tokenizer: Any, stops: list[str] | tuple[str, ...]) -> list[int]:
     """Ids of the stop strings that the tokenizer writes as exactly one token which decodes back
     to exactly that string (in the order of ``stops``; the others are left out)."""
-    key = (id(tokenizer), tuple(stops))
-    if key not in _CACHE:
-        ids: list[int] = []
-        for s in stops:
-            enc = tokenizer.encode(s, add_special_tokens=False)
-            if len(enc) == 1 and tokenizer.decode(enc, skip_special_tokens=False) == s and enc[0] not in ids:
-                ids.append(int(enc[0]))
-        _CACHE[key] = ids
-    return list(_CACHE[key])
+    ids: list[int] = []
+    for s in stops:
+        enc = tokenizer.encode(s, add_special_tokens=False)
+        if len(enc) == 1 and tokenizer.decode(enc, skip_special_tokens=False) == s and enc[0] not in ids:
+            ids.append(int(enc[0]))
+    return ids
 
 
 def with_stop_token_ids(tokenizer: Any, sampling: dict[str, Any]) -> dict[str, Any]:
