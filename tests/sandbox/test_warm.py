@@ -199,39 +199,44 @@ def tree_of(r: ExecResult) -> str:
 
 @pytest.mark.parametrize("loop", ["asyncio", "trio"])
 def test_a_reused_tree_carries_nothing_over(loop: str) -> None:
-    """The first execution leaves files, System V shared memory, a POSIX message queue and a
-    daemon behind; executions that run later in the same (reset) tree find none of them."""
-    leave = TREE_ID + (
+    """Every execution first looks for what an earlier one could have left, then leaves files,
+    System V shared memory, a POSIX message queue and a daemon behind. Executions that run in a
+    tree an earlier one used (reset in between) find none of it.
+
+    Which trees the server reuses depends on the order in which resets finish (a slow reset can
+    find the pool already full), so every execution both leaves and looks: any reuse is a check.
+    """
+    code = TREE_ID + (
         "import ctypes, os, time\n"
-        "open('/tmp/left', 'w').write('x'); open('/dev/shm/left', 'w').write('x')\n"
+        "print('files', [n for n in os.listdir('/tmp') if n != 'main.py'], os.listdir('/dev/shm'))\n"
         "libc = ctypes.CDLL(None, use_errno=True)\n"
-        "assert libc.shmget(0x5eed, 4096, 0o1666) >= 0\n"
         "rt = ctypes.CDLL('librt.so.1', use_errno=True)\n"
+        "print('shm', libc.shmget(0x5eed, 0, 0))\n"
+        "print('mq', rt.mq_open(b'/left', 0o2))\n"
+        "print('procs', sorted(int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid())))\n"
+        "open('/tmp/left', 'w').write('x'); open('/dev/shm/left', 'w').write('x')\n"
+        "assert libc.shmget(0x5eed, 4096, 0o1666) >= 0\n"
         "assert rt.mq_open(b'/left', 0o100 | 0o2, 0o666, None) >= 0\n"  # O_CREAT | O_RDWR
         "if os.fork() == 0:\n"
         "    os.setsid()\n"
         "    while True: time.sleep(0.01)\n"
     )
-    find = TREE_ID + (
-        "import ctypes, os\n"
-        "print('files', [n for n in os.listdir('/tmp') if n != 'main.py'], os.listdir('/dev/shm'))\n"
-        "print('shm', ctypes.CDLL(None).shmget(0x5eed, 0, 0))\n"
-        "print('mq', ctypes.CDLL('librt.so.1').mq_open(b'/left', 0o2))\n"
-        "print('procs', sorted(int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid())))\n"
-    )
 
-    async def go() -> tuple[ExecResult, list[ExecResult], Any]:
+    async def go() -> tuple[list[ExecResult], Any]:
         async with light(max_concurrency=1) as sb:
             await sb.start()
-            first = await sb.run(leave)
-            later = [await sb.run(find) for _ in range(8)]
-            return first, later, sb.stats
+            results: list[ExecResult] = []
+            for _ in range(24):  # until some tree has served three executions
+                results.append(await sb.run(code))
+                trees = [tree_of(r) for r in results if r.ok]
+                if max(trees.count(t) for t in trees) >= 3:
+                    break
+            return results, sb.stats
 
-    first, later, stats = arun(go, loop)
-    assert first.ok, first
-    same_tree = [r for r in later if tree_of(r) == tree_of(first)]
-    assert same_tree and stats.trees_reused >= len(same_tree), (stats, [tree_of(r) for r in later])
-    for r in later:
+    results, stats = arun(go, loop)
+    trees = [tree_of(r) for r in results]
+    assert max(trees.count(t) for t in trees) >= 3 and stats.trees_reused >= 2, (stats, trees)
+    for r in results:
         lines = dict(line.split(" ", 1) for line in r.stdout.splitlines())
         assert r.ok and lines["files"] == "[] []" and lines["shm"] == "-1" and lines["mq"] == "-1", r
         assert lines["procs"] == "[]", r
