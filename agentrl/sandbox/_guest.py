@@ -767,6 +767,10 @@ def server_main(cfg):
     import traceback  # noqa: F401
     import types  # noqa: F401
 
+    # compile() builds the ~120 classes of the ``_ast`` module on its first call in an interpreter
+    # (``PyAST_Check``): ~2 ms of CPU, and copy-on-write faults, in every fork that compiles
+    # first. Once here, the forks inherit them.
+    compile("0", "<warm>", "eval")
     np = sys.modules.get("numpy")
     if np is not None:  # touch the global RandomState once here, not in every fork
         try:
