@@ -26,6 +26,13 @@ so that episodes really are multi-turn.
 (what the engine does, :mod:`agentrl.engine.stops`), and as a stop string alone, which vLLM checks
 in its front end after the engine core has moved on.
 
+Every engine and raw pass also records how many cores the whole machine kept busy
+(``/proc/stat``: every process, this one, vLLM's, the sandbox's and the kernel).
+
+``--omp-wait-policy ACTIVE PASSIVE`` starts one set of engines per ``OMP_WAIT_POLICY`` (idle
+engines cost nothing) and alternates the passes between them; without it the engines inherit
+this process's environment.
+
 ``--turn-tokens N`` fixes the episodes' shape instead (:class:`ShapedCalcEnv`): ``--turns`` model
 turns of exactly N tokens each (``ignore_eos``, no stop string), each but the last followed by a
 real execution of the row's program in the sandbox and its interpreter message rendered into the
@@ -38,12 +45,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
+import os
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
+from _machine import busy_cpu_s
 
 
 class ArithmeticSandbox:
@@ -111,9 +122,26 @@ def shaped_env_class() -> type:
     return ShapedCalcEnv
 
 
+@dataclass
+class EnginePass:
+    """One engine pass: its wall time, and per episode what it generated and asked vLLM for."""
+
+    wall_s: float
+    generated: list[int]
+    """Tokens each episode generated."""
+    prompts: list[list[int]]
+    """Each episode's first prompt."""
+    turns: float
+    """Model turns per episode (mean)."""
+    tool_calls: float
+    """Tool calls per episode (mean)."""
+    requests: list[list[tuple[list[int], int]]]
+    """Each episode's generation requests: (prompt ids, tokens generated) per turn."""
+
+
 async def _engine_pass(
     gens: list[Any], tok: Any, rows: list[dict], concurrency: int, sandbox: Any, turn_tokens: int, turns: int, stop_ids: bool = True
-) -> tuple[float, list[int], list[list[int]], float, list[list[tuple[list[int], int]]]]:
+) -> EnginePass:
     from agentrl.engine.rollout import play_episode
     from agentrl.envs.calc import CalcEnv
 
@@ -139,8 +167,10 @@ async def _engine_pass(
     wall = time.monotonic() - t0
     generated = [t.num_generated for t in out]
     prompts = [t.tokens[: next(j for j, m in enumerate(t.loss_mask) if m)] if any(t.loss_mask) else t.tokens for t in out]
-    turns = statistics.mean(t.metrics["turns"] for t in out)
-    return wall, generated, prompts, turns, [_turn_requests(t) for t in out]
+    return EnginePass(
+        wall, generated, prompts, statistics.mean(t.metrics["turns"] for t in out),
+        statistics.mean(t.metrics["tool_calls"] for t in out), [_turn_requests(t) for t in out],
+    )
 
 
 def _turn_requests(traj: Any) -> list[tuple[list[int], int]]:
@@ -207,51 +237,68 @@ async def main_async(args: argparse.Namespace) -> None:
     results = []
     for n_gen in args.generators:
         extra = {"block_size": args.block_size} if args.block_size else {}
-        gens = [
-            Generator(EngineSettings(model=args.model, max_model_len=1024, kv_cache_gib=0.5, cpu_threads_bind=args.bind, extra=extra))
-            for _ in range(n_gen)
-        ]
-        for g in gens:
-            await g.start()
-        for sandbox in sandboxes.values():  # untimed: start the sandbox workers, warm the engine(s)
-            if hasattr(sandbox, "start"):
-                await sandbox.start()
-            await _engine_pass(gens, tok, rows[:16], 8, sandbox, args.turn_tokens, args.turns)
+        engines: dict[str, list[Any]] = {}
+        for policy in args.omp_wait_policy or ["inherited"]:  # idle engines cost no CPU: all stay up, passes alternate
+            if args.omp_wait_policy:
+                os.environ["OMP_WAIT_POLICY"] = policy  # read by the engine processes at their start
+            engines[policy] = [
+                Generator(EngineSettings(model=args.model, max_model_len=1024, kv_cache_gib=0.5, cpu_threads_bind=args.bind, extra=extra))
+                for _ in range(n_gen)
+            ]
+            for g in engines[policy]:
+                await g.start()
+        for gens in engines.values():  # untimed: start the sandbox workers, warm the engine(s)
+            for sandbox in sandboxes.values():
+                if hasattr(sandbox, "start"):
+                    await sandbox.start()
+                await _engine_pass(gens, tok, rows[:16], 8, sandbox, args.turn_tokens, args.turns)
         for c in args.concurrency:
             for _ in range(args.repeats):
-                for name, stop in variants:  # each engine pass, then raw vLLM on its tokens
-                    wall_e, lengths, prompts, turns, requests = await _engine_pass(
-                        gens, tok, rows, c, sandboxes[name], args.turn_tokens, args.turns, stop == "ids"
-                    )
-                    wall_r = await _raw_pass(gens, prompts, lengths, c)
-                    wall_p = await _replay_pass(gens, requests, c)
-                    tokens = sum(lengths)
+                for (policy, gens), (name, stop) in itertools.product(engines.items(), variants):
+                    # each engine pass, then raw vLLM on its tokens, then the replay of its requests
+                    cpu0 = busy_cpu_s()
+                    e = await _engine_pass(gens, tok, rows, c, sandboxes[name], args.turn_tokens, args.turns, stop == "ids")
+                    cpu1 = busy_cpu_s()
+                    wall_r = await _raw_pass(gens, e.prompts, e.generated, c)
+                    cpu2 = busy_cpu_s()
+                    wall_p = await _replay_pass(gens, e.requests, c)
+                    tokens = sum(e.generated)
                     results.append({
-                        "sandbox": name, "stop": stop, "generators": n_gen, "concurrency": c, "engine": tokens / wall_e,
-                        "raw": tokens / wall_r, "replay": tokens / wall_p, "turns": turns, "tokens": tokens,
+                        "key": (policy, name, stop, n_gen, c), "engine": tokens / e.wall_s, "raw": tokens / wall_r,
+                        "replay": tokens / wall_p, "turns": e.turns, "calls": e.tool_calls,
+                        "busy_engine": (cpu1 - cpu0) / e.wall_s, "busy_raw": (cpu2 - cpu1) / wall_r,
                     })
-        for g in gens:
-            await g.shutdown()
+        for gens in engines.values():
+            for g in gens:
+                await g.shutdown()
     for sandbox in sandboxes.values():
         await sandbox.aclose()
+    _print_tables(args, results, variants)
+
+
+def _print_tables(args: argparse.Namespace, results: list[dict[str, Any]], variants: list[tuple[str, str]]) -> None:
     shape = f"shaped: {args.turns} turns of {args.turn_tokens} tokens" if args.turn_tokens else f"up to {args.turns} turns, as the model writes them"
     print(f"\nCalc-v0 episodes ({shape}): {args.episodes} per pass, {args.repeats} repeats (median), model {args.model}\n")
-    print("| tool | stop | generators | concurrent episodes | engine tok/s | raw vLLM tok/s | ratio | replay tok/s | replay/raw | engine/replay | turns/episode |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for name, stop in variants:
-        for n_gen in args.generators:
-            for c in args.concurrency:
-                rs = [r for r in results if (r["sandbox"], r["stop"], r["generators"], r["concurrency"]) == (name, stop, n_gen, c)]
-                e = statistics.median(r["engine"] for r in rs)
-                raw = statistics.median(r["raw"] for r in rs)
-                ratio = statistics.median(r["engine"] / r["raw"] for r in rs)
-                rep = statistics.median(r["replay"] for r in rs)
-                rep_raw = statistics.median(r["replay"] / r["raw"] for r in rs)
-                eng_rep = statistics.median(r["engine"] / r["replay"] for r in rs)
-                print(
-                    f"| {name} | {stop if not args.turn_tokens else '-'} | {n_gen} | {c} | {e:.0f} | {raw:.0f} | {ratio:.2f} | {rep:.0f} | {rep_raw:.2f} | {eng_rep:.2f} | "
-                    f"{statistics.median(r['turns'] for r in rs):.2f} |"
-                )
+    keys = [
+        (policy, name, stop, n_gen, c)
+        for policy in args.omp_wait_policy or ["inherited"] for name, stop in variants for n_gen in args.generators for c in args.concurrency
+    ]
+
+    def label(key: tuple[Any, ...]) -> str:
+        policy, name, stop, n_gen, c = key
+        return f"| {policy} | {name} | {stop if not args.turn_tokens else '-'} | {n_gen} | {c} |"
+
+    head = "| OpenMP wait | tool | stop | generators | concurrent episodes |"
+    print(head + " engine tok/s | raw vLLM tok/s | ratio | replay tok/s | replay/raw | engine/replay | turns/episode | tool calls/episode | busy cores engine / raw |")
+    print("| --- " * 14 + "|")
+    for key in keys:
+        rs = [r for r in results if r["key"] == key]
+        med = lambda f: statistics.median(f(r) for r in rs)  # noqa: E731
+        print(
+            f"{label(key)} {med(lambda r: r['engine']):.0f} | {med(lambda r: r['raw']):.0f} | {med(lambda r: r['engine'] / r['raw']):.2f} | "
+            f"{med(lambda r: r['replay']):.0f} | {med(lambda r: r['replay'] / r['raw']):.2f} | {med(lambda r: r['engine'] / r['replay']):.2f} | "
+            f"{med(lambda r: r['turns']):.2f} | {med(lambda r: r['calls']):.2f} | {med(lambda r: r['busy_engine']):.2f} / {med(lambda r: r['busy_raw']):.2f} |"
+        )
 
 
 def main() -> None:
@@ -271,6 +318,8 @@ def main() -> None:
     ap.add_argument("--stops", nargs="+", default=["ids"], choices=["ids", "strings"],
                     help="how turns end at </code>: ids = also a stop token id (the engine's default), strings = "
                          "vLLM's front-end string check alone; both: one engine pass each, to compare")
+    ap.add_argument("--omp-wait-policy", nargs="+", default=None, choices=["PASSIVE", "ACTIVE"],
+                    help="OMP_WAIT_POLICY of the engines (CPU; default: this process's environment); several: one set of engines each, passes alternate")
     ap.add_argument("--preload", nargs="*", default=None, help="modules the warm workers import (default: numpy, sympy)")
     args = ap.parse_args()
     if not Path(args.model).exists():

@@ -48,6 +48,7 @@ import anyio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _machine import busy_cpu_s  # noqa: E402
 from agentrl.sandbox import BubblewrapSandbox  # noqa: E402
 from agentrl.sandbox.base import _base_python  # noqa: E402
 
@@ -195,14 +196,6 @@ class Load:
     rate: float
     latencies: Latency
     cpu_s: float
-
-
-def busy_cpu_s() -> float:
-    """CPU seconds the whole machine has spent busy since boot (``/proc/stat``: user, nice,
-    system, irq, softirq, steal)."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:9]]
-    return (sum(fields[:3]) + sum(fields[5:8])) / os.sysconf("SC_CLK_TCK")
 
 
 async def measure_throughput(kind: str, concurrency: int, total: int, pool_cap: int) -> Load:
