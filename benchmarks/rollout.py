@@ -103,6 +103,25 @@ class ArithmeticSandbox:
         pass
 
 
+class TimedTool:
+    """Wraps a sandbox (or :class:`ArithmeticSandbox`) and records the wall time of each ``run``
+    as the episode awaits it: queueing for a worker included."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.latencies_s: list[float] = []
+
+    async def run(self, code: str, **kw: Any) -> Any:
+        t0 = time.monotonic()
+        try:
+            return await self.inner.run(code, **kw)
+        finally:
+            self.latencies_s.append(time.monotonic() - t0)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 def shaped_env_class() -> type:
     """:class:`ShapedCalcEnv` (defined on first use: the envs package is imported lazily)."""
     from agentrl.envs.calc import CalcEnv
@@ -137,6 +156,8 @@ class EnginePass:
     """Tool calls per episode (mean)."""
     requests: list[list[tuple[list[int], int]]]
     """Each episode's generation requests: (prompt ids, tokens generated) per turn."""
+    tool_s: list[float]
+    """Wall time of each tool call as the episode saw it (queueing included)."""
 
 
 async def _engine_pass(
@@ -147,6 +168,7 @@ async def _engine_pass(
 
     sem = asyncio.Semaphore(concurrency)
     out: list[Any] = [None] * len(rows)
+    sandbox = TimedTool(sandbox)
     if turn_tokens:
         env_cls, sampling, max_new = shaped_env_class(), {"temperature": 1.0, "ignore_eos": True}, turn_tokens
     else:
@@ -169,7 +191,7 @@ async def _engine_pass(
     prompts = [t.tokens[: next(j for j, m in enumerate(t.loss_mask) if m)] if any(t.loss_mask) else t.tokens for t in out]
     return EnginePass(
         wall, generated, prompts, statistics.mean(t.metrics["turns"] for t in out),
-        statistics.mean(t.metrics["tool_calls"] for t in out), [_turn_requests(t) for t in out],
+        statistics.mean(t.metrics["tool_calls"] for t in out), [_turn_requests(t) for t in out], sandbox.latencies_s,
     )
 
 
@@ -266,6 +288,7 @@ async def main_async(args: argparse.Namespace) -> None:
                     results.append({
                         "key": (policy, name, stop, n_gen, c), "engine": tokens / e.wall_s, "raw": tokens / wall_r,
                         "replay": tokens / wall_p, "turns": e.turns, "calls": e.tool_calls,
+                        "tool_p50": _quantile(e.tool_s, 0.5), "tool_p90": _quantile(e.tool_s, 0.9),
                         "busy_engine": (cpu1 - cpu0) / e.wall_s, "busy_raw": (cpu2 - cpu1) / wall_r,
                     })
         for gens in engines.values():
@@ -274,6 +297,14 @@ async def main_async(args: argparse.Namespace) -> None:
     for sandbox in sandboxes.values():
         await sandbox.aclose()
     _print_tables(args, results, variants)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank; 0.0 for none)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _print_tables(args: argparse.Namespace, results: list[dict[str, Any]], variants: list[tuple[str, str]]) -> None:
@@ -289,15 +320,15 @@ def _print_tables(args: argparse.Namespace, results: list[dict[str, Any]], varia
         return f"| {policy} | {name} | {stop if not args.turn_tokens else '-'} | {n_gen} | {c} |"
 
     head = "| OpenMP wait | tool | stop | generators | concurrent episodes |"
-    print(head + " engine tok/s | raw vLLM tok/s | ratio | replay tok/s | replay/raw | engine/replay | turns/episode | tool calls/episode | busy cores engine / raw |")
-    print("| --- " * 14 + "|")
+    print(head + " engine tok/s | raw vLLM tok/s | ratio | replay tok/s | replay/raw | engine/replay | turns/episode | tool calls/episode | tool call ms p50 / p90 | busy cores engine / raw |")
+    print("| --- " * 15 + "|")
     for key in keys:
         rs = [r for r in results if r["key"] == key]
         med = lambda f: statistics.median(f(r) for r in rs)  # noqa: E731
         print(
             f"{label(key)} {med(lambda r: r['engine']):.0f} | {med(lambda r: r['raw']):.0f} | {med(lambda r: r['engine'] / r['raw']):.2f} | "
             f"{med(lambda r: r['replay']):.0f} | {med(lambda r: r['replay'] / r['raw']):.2f} | {med(lambda r: r['engine'] / r['replay']):.2f} | "
-            f"{med(lambda r: r['turns']):.2f} | {med(lambda r: r['calls']):.2f} | {med(lambda r: r['busy_engine']):.2f} / {med(lambda r: r['busy_raw']):.2f} |"
+            f"{med(lambda r: r['turns']):.2f} | {med(lambda r: r['calls']):.2f} | {med(lambda r: r['tool_p50']) * 1e3:.0f} / {med(lambda r: r['tool_p90']) * 1e3:.0f} | {med(lambda r: r['busy_engine']):.2f} / {med(lambda r: r['busy_raw']):.2f} |"
         )
 
 
