@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from _machine import busy_cpu_s
+from _measure import busy_cpu_s, quantile
 
 
 class ArithmeticSandbox:
@@ -288,7 +288,7 @@ async def main_async(args: argparse.Namespace) -> None:
                     results.append({
                         "key": (policy, name, stop, n_gen, c), "engine": tokens / e.wall_s, "raw": tokens / wall_r,
                         "replay": tokens / wall_p, "turns": e.turns, "calls": e.tool_calls,
-                        "tool_p50": _quantile(e.tool_s, 0.5), "tool_p90": _quantile(e.tool_s, 0.9),
+                        "tool_p50": quantile(e.tool_s, 0.5), "tool_p90": quantile(e.tool_s, 0.9),
                         "busy_engine": (cpu1 - cpu0) / e.wall_s, "busy_raw": (cpu2 - cpu1) / wall_r,
                     })
         for gens in engines.values():
@@ -297,14 +297,6 @@ async def main_async(args: argparse.Namespace) -> None:
     for sandbox in sandboxes.values():
         await sandbox.aclose()
     _print_tables(args, results, variants)
-
-
-def _quantile(values: list[float], q: float) -> float:
-    """The ``q`` quantile of ``values`` (nearest rank; 0.0 for none)."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _print_tables(args: argparse.Namespace, results: list[dict[str, Any]], variants: list[tuple[str, str]]) -> None:

@@ -48,7 +48,7 @@ import anyio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _machine import busy_cpu_s  # noqa: E402
+from _measure import busy_cpu_s, quantile  # noqa: E402
 from agentrl.sandbox import BubblewrapSandbox  # noqa: E402
 from agentrl.sandbox.base import _base_python  # noqa: E402
 
@@ -164,8 +164,7 @@ class Latency:
     round_medians: list[float] = field(default_factory=list)
 
     def q(self, p: float) -> float:
-        s = sorted(self.samples)
-        return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
+        return quantile(self.samples, p)
 
 
 async def measure_latency(kind: str, workload: str, rounds: int, runs: int, gap_s: float = 0.0) -> Latency:

@@ -1,4 +1,4 @@
-"""What the benchmarks read about the machine while they run."""
+"""Measurements the benchmarks share: the machine's busy CPU time, quantiles of samples."""
 
 from __future__ import annotations
 
@@ -12,3 +12,12 @@ def busy_cpu_s() -> float:
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:9]]
     return (sum(fields[:3]) + sum(fields[5:8])) / os.sysconf("SC_CLK_TCK")
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values``: the sample at rank ``round(q * (n - 1))`` of the
+    sorted values; 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
