@@ -7,6 +7,7 @@ import os
 import signal
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -226,16 +227,16 @@ def test_a_reused_tree_carries_nothing_over(loop: str) -> None:
         async with light(max_concurrency=1) as sb:
             await sb.start()
             results: list[ExecResult] = []
-            for _ in range(24):  # until some tree has served three executions
+            for _ in range(24):  # until some tree has served three executions (or one failed)
                 results.append(await sb.run(code))
-                trees = [tree_of(r) for r in results if r.ok]
-                if max(trees.count(t) for t in trees) >= 3:
+                if not results[-1].ok or max(Counter(map(tree_of, results)).values()) >= 3:
                     break
             return results, sb.stats
 
     results, stats = arun(go, loop)
+    assert all(r.ok for r in results), results[-1]
     trees = [tree_of(r) for r in results]
-    assert max(trees.count(t) for t in trees) >= 3 and stats.trees_reused >= 2, (stats, trees)
+    assert max(Counter(trees).values()) >= 3 and stats.trees_reused >= 2, (stats, trees)
     for r in results:
         lines = dict(line.split(" ", 1) for line in r.stdout.splitlines())
         assert r.ok and lines["files"] == "[] []" and lines["shm"] == "-1" and lines["mq"] == "-1", r
