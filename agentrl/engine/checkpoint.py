@@ -8,7 +8,7 @@ A checkpoint is a folder written by every learner rank together
                                        AdamW state ("optim.*"), re-shardable to another rank count
       trainer_state.json               step, LR-scheduler state, world size, settings (rank 0)
       rng/rank<r>.pt                   each rank's torch / CUDA / Python / NumPy RNG state
-      hf/                              config.json (+ tokenizer files): what an export needs
+      hf/                              config.json, generation_config.json (+ tokenizer files): what an export needs
 
 The folder appears atomically: ranks write into a hidden sibling that rank 0 renames into place.
 All ranks must see the same filesystem (one machine, or a shared mount on a cluster).
@@ -131,6 +131,14 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
         config = AutoConfig.from_pretrained(hf)
     except Exception as exc:
         raise LearnerError(f"{folder}: cannot read the model config in hf/: {exc}") from exc
+    generation_config = None
+    if (hf / "generation_config.json").is_file():
+        from transformers import GenerationConfig
+
+        try:
+            generation_config = GenerationConfig.from_pretrained(hf)
+        except Exception as exc:
+            raise LearnerError(f"{folder}: cannot read the generation config in hf/: {exc}") from exc
     tokenizer = None
     if (hf / "tokenizer_config.json").is_file() or (hf / "tokenizer.json").is_file():
         try:
@@ -143,4 +151,4 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
         raise
     except Exception as exc:
         raise LearnerError(f"{folder}: cannot read the distributed checkpoint: {exc}") from exc
-    return write_hf_folder(tensors, config, Path(out_dir), tokenizer)
+    return write_hf_folder(tensors, config, Path(out_dir), tokenizer, generation_config)

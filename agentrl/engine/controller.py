@@ -70,10 +70,18 @@ async def _timed(aw: Any, timeout: float, what: str, error: type[AgentRLError] =
 
 
 def prepare_model(recipe: Recipe, rows: list[dict[str, Any]], log: MetricsLogger | None = None) -> str:
-    """Return the model to load; build a tiny one first when the recipe asks and it is missing."""
+    """Return the model to load; first build a tiny one (``[model] build``) or import a GGUF one
+    (``[model] import``) there when the recipe asks and ``model.path`` is missing or empty."""
     path = Path(recipe.model.path)
-    if recipe.model.build is None or (path.exists() and any(path.iterdir())):
+    if (recipe.model.build is None and recipe.model.import_ is None) or (path.exists() and any(path.iterdir())):
         return recipe.model.path
+    if recipe.model.import_ is not None:
+        from agentrl.models.importing import import_model
+
+        if log:
+            log.event(f"importing {recipe.model.import_} to {path} ({recipe.model.dtype})")
+        import_model(recipe.model.import_, path, dtype=recipe.model.dtype, overwrite=True)
+        return str(path)
     from agentrl.envs.corpus import tokenizer_corpus
     from agentrl.models.tiny import TinyModelSpec, build_tiny_model
 

@@ -149,11 +149,16 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return chosen - torch.logsumexp(logits, dim=-1)
 
 
-def write_hf_folder(state_dict: dict[str, torch.Tensor], config: Any, out_dir: Path, tokenizer: Any = None) -> Path:
+def write_hf_folder(
+    state_dict: dict[str, torch.Tensor], config: Any, out_dir: Path, tokenizer: Any = None, generation_config: Any = None
+) -> Path:
     """Write a Hugging Face model folder atomically (a temporary sibling renamed into place).
 
     Tied output embeddings (``config.tie_word_embeddings``) are written once, as transformers
-    and vLLM expect. Readers never see a half-written folder.
+    and vLLM expect. ``generation_config`` (when given) is written too: instruct models keep
+    their end-of-turn EOS ids there (Qwen2.5's ``<|im_end|>`` is not ``config.eos_token_id``),
+    and a server without it would not stop at the end of a turn. Readers never see a
+    half-written folder.
     """
     from safetensors.torch import save_file
 
@@ -167,6 +172,8 @@ def write_hf_folder(state_dict: dict[str, torch.Tensor], config: Any, out_dir: P
         tensors.pop("lm_head.weight", None)
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     config.save_pretrained(tmp)
+    if generation_config is not None:
+        generation_config.save_pretrained(tmp)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     if out_dir.exists():
@@ -360,6 +367,9 @@ class Learner:
             self.reference = build(self.reference_name, self.dtype if mixed else torch.float32, False)
             self.reference.eval()
         self.config = self.policy.lm.config
+        self.generation_config = getattr(self.policy.lm, "generation_config", None)
+        """The model's generation config (EOS ids of the chat template), written beside every
+        published version, checkpoint and export."""
         self.vocab_size = int(self.config.vocab_size)
         self.pad_id = int(getattr(self.config, "pad_token_id", None) or 0)
         self.optimizer = torch.optim.AdamW(
@@ -618,7 +628,7 @@ class Learner:
             from agentrl.models.loading import load_tokenizer
 
             tokenizer = load_tokenizer(self.tokenizer_name)
-        return str(write_hf_folder(sd, self.config, Path(out_dir), tokenizer))
+        return str(write_hf_folder(sd, self.config, Path(out_dir), tokenizer, self.generation_config))
 
     def publish_version(self, weights_dir: str) -> int:
         """Write the current weights to ``weights_dir/v<step>`` (collective) and return that
@@ -715,6 +725,8 @@ class Learner:
                     "objective": self.objective.as_dict(),
                 })
                 self.config.save_pretrained(tmp / "hf")
+                if self.generation_config is not None:
+                    self.generation_config.save_pretrained(tmp / "hf")
                 try:
                     from agentrl.models.loading import load_tokenizer
 

