@@ -21,3 +21,44 @@ def quantile(values: list[float], q: float) -> float:
         return 0.0
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def rss_bytes(pid: int | str = "self") -> int:
+    """Resident memory of process ``pid`` now, bytes (``/proc/<pid>/status``, VmRSS)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class PeakRSS:
+    """Highest resident memory of this process while the ``with`` block runs, sampled by a thread
+    every ``interval_s``: ``peak`` (bytes) and ``rise`` (peak minus the resident memory at entry:
+    what the block itself needed at its worst moment)."""
+
+    def __init__(self, interval_s: float = 0.002) -> None:
+        import threading
+
+        self.interval_s = interval_s
+        self.start = self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak = max(self.peak, rss_bytes())
+
+    def __enter__(self) -> "PeakRSS":
+        self.start = self.peak = rss_bytes()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
+
+    @property
+    def rise(self) -> int:
+        return self.peak - self.start

@@ -12,6 +12,10 @@ the same objective, :func:`agentrl.algos.policy_loss`, everywhere):
   arrival order, sized for the longest possible sequence (``budget // max_len`` samples), the
   usual alternative to token budgets: the baseline for the micro-batching.
 
+Each timed step also records the process's peak resident memory above what it held before the
+step (``PeakRSS``): the memory the step itself needs at its worst moment (activations, logits,
+gradients), which on a 49k-token vocabulary is where full-batch logits would show.
+
 Configurations are interleaved, each run ``--repeats`` times for ``--steps`` steps after one
 warm-up step; the table gives medians of wall-clock step time, of process CPU time per step (less
 sensitive to other load on a shared machine) and of tokens/s (all tokens of the batch, prompt and
@@ -21,6 +25,8 @@ The batch mimics multi-turn episodes: lengths drawn log-normally between 48 and 
 tokens, a 32-token prompt, then alternating model-written (trained) and tool-output segments.
 
     .venv/bin/python benchmarks/learner.py --repeats 7 --steps 2
+    .venv/bin/python benchmarks/learner.py --model runs/models/smollm2-135m-instruct \
+        --samples 16 --repeats 3 --steps 1 --configs learner plain
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from _measure import PeakRSS  # noqa: E402
 
 from agentrl.algos import ObjectiveSettings, policy_loss  # noqa: E402
 from agentrl.engine import learner as learner_mod  # noqa: E402
@@ -137,7 +145,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
     ap.add_argument("--layers", type=int, default=4, help="tiny model depth (tiny_calc recipe: 4)")
     ap.add_argument("--model", default=None, help="a Hugging Face folder instead of the tiny model")
+    ap.add_argument("--configs", nargs="+", default=["learner", "plain", "learner-fixed"],
+                    choices=["learner", "plain", "learner-fixed"], help="configurations to run (plain is the baseline)")
     args = ap.parse_args()
+    configs = [c for c in ("learner", "plain", "learner-fixed") if c in args.configs or c == "plain"]
     torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -176,13 +187,14 @@ def main() -> None:
         n_mb = {"learner": len(real_plan(lengths, args.budget, 1)), "learner-fixed": len(naive_plan(lengths, args.budget, 1))}
         n_mb["plain"] = n_mb["learner"]
 
-        times: dict[str, list[float]] = {"learner": [], "plain": [], "learner-fixed": []}
+        times: dict[str, list[float]] = {k: [] for k in configs}
         cpu: dict[str, list[float]] = {k: [] for k in times}
+        peak: dict[str, list[int]] = {k: [] for k in times}
         paired: list[dict[str, float]] = []  # per repeat: plain step time / this configuration's
         learner = new_learner()  # one process group, reused by both learner configurations
         try:
             for rep in range(args.repeats):
-                for name in ("learner", "plain", "learner-fixed"):
+                for name in configs:
                     if name == "plain":
                         loop = PlainLoop(model, 1e-5, args.budget)
                         step = loop.step
@@ -192,10 +204,14 @@ def main() -> None:
                     step(batch)  # warm-up
                     for _ in range(args.steps):
                         t0, c0 = time.perf_counter(), time.process_time()
-                        step(batch)
+                        with PeakRSS() as mem:
+                            step(batch)
                         times[name].append(time.perf_counter() - t0)
                         cpu[name].append(time.process_time() - c0)
+                        peak[name].append(mem.rise)
                     learner_mod.plan_microbatches = real_plan
+                    if name == "plain":
+                        del loop, step  # its model and AdamW state leave before the next configuration
                 rep_t = {k: statistics.median(v[-args.steps:]) for k, v in times.items()}
                 paired.append({k: rep_t["plain"] / t for k, t in rep_t.items()})
                 print(f"repeat {rep + 1}/{args.repeats}: " + ", ".join(f"{k} {tokens / t:,.0f} tok/s" for k, t in rep_t.items()), flush=True)
@@ -211,13 +227,14 @@ def main() -> None:
           f"(median {int(statistics.median(lengths))}), budget {args.budget} tokens/micro-batch, {args.threads} threads, "
           f"{args.repeats} repeats x {args.steps} steps")
     print()
-    print("| configuration | micro-batches | padding | median step (s) | CPU s per step | tokens/s | vs plain (medians) "
-          "| vs plain (paired, median of repeats) | vs learner-fixed |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for name in ("learner", "plain", "learner-fixed"):
+    print("| configuration | micro-batches | padding | median step (s) | CPU s per step | tokens/s | peak memory rise per step (MiB) "
+          "| vs plain (medians) | vs plain (paired, median of repeats) | vs learner-fixed |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name in configs:
         pair = statistics.median(p[name] for p in paired)
+        vs_fixed = f"{tps[name] / tps['learner-fixed']:.2f}" if "learner-fixed" in tps else "-"
         print(f"| {name} | {n_mb[name]} | {pad[name]:.1%} | {med[name]:.3f} | {med_cpu[name]:.2f} | {tps[name]:,.0f} | "
-              f"{tps[name] / tps['plain']:.2f} | {pair:.2f} | {tps[name] / tps['learner-fixed']:.2f} |")
+              f"{statistics.median(peak[name]) / 2**20:,.0f} | {tps[name] / tps['plain']:.2f} | {pair:.2f} | {vs_fixed} |")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ Reports medians of the whole update (learner side + generator side) and of the g
 parameters with the tiny model's tokenizer.
 
     .venv/bin/python benchmarks/weight_sync.py --model runs/tiny_calc/sft --repeats 5
+    .venv/bin/python benchmarks/weight_sync.py --model runs/models/smollm2-135m-instruct --sizes tiny --repeats 5
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ async def _measure(model: str, repeats: int, scratch: Path) -> dict[str, Any]:
         t0 = time.monotonic()
         path = write_hf_folder(hf.state_dict(), hf.config, scratch / f"v{version}")
         write = time.monotonic() - t0
+        rows.setdefault("bytes", []).append(sum(f.stat().st_size for f in Path(path).iterdir()))
         stall = await g.update_weights(version, str(path))
         rows["disk_write"].append(write)
         rows["disk_stall"].append(stall)
@@ -89,18 +91,19 @@ async def main_async(args: argparse.Namespace) -> None:
             models["medium"] = _medium(args.model, scratch / "medium")
         results = {name: await _measure(models[name], args.repeats, scratch / name / "versions") for name in args.sizes}
     print(f"\nweight sync, median of {args.repeats} updates each way (seconds)\n")
-    print("| model | parameters | disk: write | disk: stall | disk: total | gloo: stall | gloo: total | total gloo/disk | stall gloo/disk |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| model | parameters | MB per version on disk | disk: write | disk: stall | disk: total | gloo: stall | gloo: total | total gloo/disk | stall gloo/disk |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, r in results.items():
+        label = Path(args.model).name if name == "tiny" else name
         print(
-            f"| {name} | {r['params'] / 1e6:.1f} M | {r['disk_write']:.3f} | {r['disk_stall']:.3f} | {r['disk_total']:.3f} | "
+            f"| {label} | {r['params'] / 1e6:.1f} M | {r['bytes'] / 1e6:,.0f} | {r['disk_write']:.3f} | {r['disk_stall']:.3f} | {r['disk_total']:.3f} | "
             f"{r['gloo_stall']:.3f} | {r['gloo_total']:.3f} | {r['gloo_total'] / r['disk_total']:.2f} | {r['gloo_stall'] / r['disk_stall']:.2f} |"
         )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True, help="a tiny Hugging Face folder (its tokenizer is reused for 'medium')")
+    ap.add_argument("--model", required=True, help="a Hugging Face folder: size 'tiny' is this folder as it is (its tokenizer is reused for 'medium')")
     ap.add_argument("--sizes", nargs="+", default=["tiny", "medium"], choices=["tiny", "medium"])
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()

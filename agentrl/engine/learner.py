@@ -31,6 +31,7 @@ One :meth:`Learner.train_step` per batch (one published weight version):
 
 from __future__ import annotations
 
+import copy
 import datetime
 import functools
 import math
@@ -150,12 +151,20 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def write_hf_folder(
-    state_dict: dict[str, torch.Tensor], config: Any, out_dir: Path, tokenizer: Any = None, generation_config: Any = None
+    state_dict: dict[str, torch.Tensor],
+    config: Any,
+    out_dir: Path,
+    tokenizer: Any = None,
+    generation_config: Any = None,
+    dtype: torch.dtype | None = None,
 ) -> Path:
     """Write a Hugging Face model folder atomically (a temporary sibling renamed into place).
 
     Tied output embeddings (``config.tie_word_embeddings``) are written once, as transformers
-    and vLLM expect. ``generation_config`` (when given) is written too: instruct models keep
+    and vLLM expect. ``dtype`` (when given) casts floating-point tensors and the config's
+    ``dtype`` to it: a bfloat16 run publishes bfloat16 versions (half the bytes of the float32
+    master weights; vLLM would round them to bfloat16 on load anyway). ``generation_config``
+    (when given) is written too: instruct models keep
     their end-of-turn EOS ids there (Qwen2.5's ``<|im_end|>`` is not ``config.eos_token_id``),
     and a server without it would not stop at the end of a turn. Readers never see a
     half-written folder.
@@ -167,7 +176,13 @@ def write_hf_folder(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
+    tensors = {
+        k: (v.detach().to("cpu", dtype if dtype is not None and v.is_floating_point() else v.dtype)).contiguous().clone()
+        for k, v in state_dict.items()
+    }
+    if dtype is not None:
+        config = copy.deepcopy(config)
+        config.dtype = dtype
     if getattr(config, "tie_word_embeddings", False):
         tensors.pop("lm_head.weight", None)
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -617,9 +632,11 @@ class Learner:
         self._require_setup()
         return get_model_state_dict(self.policy.lm, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
-    def publish(self, out_dir: str, with_tokenizer: bool = False) -> str | None:
+    def publish(self, out_dir: str, with_tokenizer: bool = False, serving_dtype: bool = False) -> str | None:
         """Write the current weights as a Hugging Face folder at ``out_dir`` (collective; rank 0
-        writes, atomically). Returns the path on rank 0, ``None`` elsewhere."""
+        writes, atomically). ``serving_dtype``: in the generators' dtype (the recipe's
+        ``model.dtype``) rather than the float32 master weights, for weight versions only the
+        generators read. Returns the path on rank 0, ``None`` elsewhere."""
         sd = self.full_state_dict()
         if self.rank != 0:
             return None
@@ -628,12 +645,13 @@ class Learner:
             from agentrl.models.loading import load_tokenizer
 
             tokenizer = load_tokenizer(self.tokenizer_name)
-        return str(write_hf_folder(sd, self.config, Path(out_dir), tokenizer, self.generation_config))
+        dtype = self.dtype if serving_dtype else None
+        return str(write_hf_folder(sd, self.config, Path(out_dir), tokenizer, self.generation_config, dtype))
 
     def publish_version(self, weights_dir: str) -> int:
         """Write the current weights to ``weights_dir/v<step>`` (collective) and return that
         version, the number of RL steps trained: one call, so the label always fits the weights."""
-        self.publish(str(Path(weights_dir) / f"v{self.step:06d}"))
+        self.publish(str(Path(weights_dir) / f"v{self.step:06d}"), serving_dtype=True)
         return self.step
 
     def weight_transfer_endpoint(self) -> tuple[str, int]:

@@ -183,12 +183,26 @@ def import_model(source: str, out_dir: str | Path, *, dtype: str = "float32", ov
     path = locate_gguf(source)
     arch = _check_architecture(path, source)
 
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # three progress bars per import otherwise
+    try:
+        return _convert(source, path, arch, out, dtypes[dtype], dtype)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _convert(source: str, path: Path, arch: str, out: Path, torch_dtype: Any, dtype: str) -> Path:
+    """Load ``path`` with transformers' GGUF reader and write it to ``out`` (see :func:`import_model`)."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     t0 = time.monotonic()
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtypes[dtype])
+        loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch_dtype)
     except Exception as e:
         raise ModelError(f"cannot import {source!r}: transformers could not load {path} ({_describe(e)})") from e
 
@@ -196,11 +210,11 @@ def import_model(source: str, out_dir: str | Path, *, dtype: str = "float32", ov
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    config.dtype = dtypes[dtype]
+    config.dtype = torch_dtype
     config.name_or_path = out.name  # the GGUF's general.name otherwise
     state = loaded.state_dict()
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtypes[dtype])
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
     try:
         missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     except Exception as e:

