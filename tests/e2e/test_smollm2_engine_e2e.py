@@ -27,12 +27,19 @@ from tests.engine.test_learner_correctness import make_learner
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
-MAX_ABS_TOL = 2e-3
+MAX_ABS_TOL = 5e-4
 """Largest |log pi_learner - log pi_vLLM| per token allowed (nats), float32 on CPU. SmolLM2 has 30
 layers and a 49,152-token vocabulary: vLLM's CPU kernels and transformers' SDPA path round
 differently; benchmarks/RESULTS.md gives the measured values."""
-MEAN_ABS_TOL = 2e-4
+MEAN_ABS_TOL = 5e-5
 """Mean |difference| over all generated tokens allowed."""
+
+
+def _opening(question: str) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": "You are a helpful assistant. Use the <code> tool when it helps."},
+        {"role": "user", "content": question},
+    ]
 
 
 class Chatter(TextEnv):
@@ -40,10 +47,7 @@ class Chatter(TextEnv):
 
     def initial_messages(self, row: dict[str, Any]) -> list[dict[str, str]]:
         self.actions: list[str] = []
-        return [
-            {"role": "system", "content": "You are a helpful assistant. Use the <code> tool when it helps."},
-            {"role": "user", "content": row["question"]},
-        ]
+        return _opening(row["question"])
 
     async def astep(self, action: str):  # type: ignore[override]
         self.turn += 1
@@ -109,7 +113,7 @@ def test_smollm2_through_generation_learning_and_weight_updates(smol_model, tmp_
             for i, (traj, env) in enumerate(zip(trajs, envs)):
                 turns = calls[str(i)]
                 assert traj.status == "ok" and len(turns) == 3, (traj.status, traj.info)
-                messages = env.initial_messages({"question": questions[i]})
+                messages = _opening(questions[i])
                 for k, (prompt, out) in enumerate(turns):
                     assert tok.decode(prompt) == tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
                     if k + 1 < len(turns):
@@ -145,8 +149,8 @@ def test_smollm2_through_generation_learning_and_weight_updates(smol_model, tmp_
             metrics = learner.train_step(samples)
             assert metrics["current_version_tokens"] == n and math.isfinite(metrics["loss"])
 
-            probe = tok.apply_chat_template([{"role": "user", "content": "Compute 347*58+91."}], add_generation_prompt=True)
-            probe = list(probe["input_ids"] if isinstance(probe, dict) else probe)
+            text = tok.apply_chat_template([{"role": "user", "content": "Compute 347*58+91."}], tokenize=False, add_generation_prompt=True)
+            probe = tok.encode(text, add_special_tokens=False)
             greedy = {"max_tokens": 24, "temperature": 0.0, "ignore_eos": True}
 
             async def check_version(version: int) -> None:
