@@ -166,11 +166,14 @@ def test_smollm2_through_generation_learning_and_weight_updates(smol_model, tmp_
 
             # 4a. disk: publish, reload in flight (a long request spans the update)
             path = learner.publish(str(tmp_path / "weights" / "v000001"))
-            long = asyncio.ensure_future(gen.generate(probe, {"max_tokens": 120, "temperature": 1.0, "ignore_eos": True, "seed": 1}))
+            long = asyncio.ensure_future(gen.generate(probe, {"max_tokens": 200, "temperature": 1.0, "ignore_eos": True, "seed": 1}))
             await asyncio.sleep(0.5)
+            assert not long.done()
             stall = await gen.update_weights(1, path)
             spanning = await long
-            assert len(spanning.token_ids) == 120 and set(spanning.versions) <= {0, 1}
+            # the request was in flight across the update: its first tokens are version 0, its last version 1
+            assert len(spanning.token_ids) == 200 and spanning.versions[0] == 0 and spanning.versions[-1] == 1
+            assert spanning.versions == sorted(spanning.versions)
             print(f"disk update: stall {stall:.2f} s, versions in the spanning request {sorted(set(spanning.versions))}")
             await check_version(1)
             after = await gen.generate(probe, greedy)
