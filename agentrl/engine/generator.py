@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrl.engine.vllm_worker import RETIE_METHOD, WORKER_EXTENSION
 from agentrl.errors import GeneratorError, ModelError
 
 __all__ = ["BusyClock", "CPU_BLOCK_SIZE", "EngineSettings", "Generation", "Generator", "GeneratorCounters", "engine_kwargs", "versions_from_spans"]
@@ -181,6 +182,7 @@ def engine_kwargs(s: EngineSettings, on_gpu: bool) -> dict[str, Any]:
         kwargs.setdefault("block_size", CPU_BLOCK_SIZE)
     if s.weight_transfer is not None:
         kwargs["weight_transfer_config"] = {"backend": s.weight_transfer}
+    kwargs["worker_extension_cls"] = WORKER_EXTENSION  # agentrl's worker methods (tied embeddings)
     return {**kwargs, **s.extra}
 
 
@@ -293,6 +295,7 @@ class Generator(GeneratorCounters):
             await self.engine.pause_generation(mode="keep", clear_cache=True)
             try:
                 await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": path})
+                await self.engine.collective_rpc(RETIE_METHOD)  # tied lm_head: see agentrl.engine.vllm_worker
                 await self.engine.update_weight_version(str(version))
             finally:
                 await self.engine.resume_generation()
@@ -360,6 +363,7 @@ class Generator(GeneratorCounters):
         """Finish the update, label the weights ``version`` and resume. Returns the stall (s)."""
         try:
             await self._bounded(self.engine.finish_weight_update(str(version)), "finishing a weight update")
+            await self._bounded(self.engine.collective_rpc(RETIE_METHOD), "re-tying the output embeddings")
         finally:
             await self.engine.resume_generation()
         return self._updated(version, self._update_t0)

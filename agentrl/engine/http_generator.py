@@ -12,6 +12,12 @@ The server must be started with both switches, and must see the run directory's 
 folder at the same path (a shared filesystem)::
 
     VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --enable-scale-out --max-model-len 4096
+
+A model with tied input/output embeddings (SmolLM2, Qwen2.5 up to 3B...) also needs agentrl's
+worker methods in the server (agentrl installed there), or a reloaded version would keep its old
+output projection (:mod:`agentrl.engine.vllm_worker`)::
+
+    ... --worker-extension-cls agentrl.engine.vllm_worker.WorkerExtension
 """
 
 from __future__ import annotations
@@ -23,9 +29,23 @@ from typing import Any
 import httpx
 
 from agentrl.engine.generator import Generation, GeneratorCounters, versions_from_spans
+from agentrl.engine.vllm_worker import RETIE_METHOD, WORKER_EXTENSION
 from agentrl.errors import GeneratorError
 
 __all__ = ["HttpGenerator"]
+
+
+def _ties_embeddings(folder: str) -> bool:
+    """Whether the Hugging Face model in ``folder`` ties its output projection to its input
+    embedding (read from its config.json; False when there is none to read)."""
+    import json
+
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    text = config.get("text_config") or config
+    return bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
 
 
 class HttpGenerator(GeneratorCounters):
@@ -119,6 +139,15 @@ class HttpGenerator(GeneratorCounters):
             # the server resolves paths in its own working directory: send an absolute one
             weights = str(Path(path).resolve())
             await self._post("/collective_rpc", json={"method": "reload_weights", "kwargs": {"weights_path": weights}})
+            if _ties_embeddings(weights):
+                try:
+                    await self._post("/collective_rpc", json={"method": RETIE_METHOD})
+                except GeneratorError as exc:
+                    raise GeneratorError(
+                        f"{self.url}: this model ties its output projection to its embeddings, and the server "
+                        f"cannot re-tie it after a reload; start it with --worker-extension-cls {WORKER_EXTENSION} "
+                        f"(agentrl installed on the server) ({exc})"
+                    ) from exc
             await self._post("/update_weight_version", json={"new_version": str(version)})
         finally:
             await self._post("/resume")

@@ -1,15 +1,35 @@
-"""Ctrl-C stops a run cleanly: the command exits, and no process it started is left behind."""
+"""Ctrl-C stops a run cleanly: the command exits with 130 and says so, and no process it started
+is left behind.
+
+Every process of the run is recognised by a token in its environment (Ray's workers and vLLM's
+engines inherit the driver's environment), so the check after exit scans the whole machine
+rather than the descendants that happened to be sampled while the run was alive."""
 
 import json
 import os
 import signal
 import subprocess
 import time
+import uuid
 
 import psutil
 import pytest
 
 from tests.e2e.helpers import REPO, train_cmd
+
+
+def _with_token(token: str) -> list[str]:
+    """Live, non-zombie processes anywhere on the machine whose environment holds ``token``."""
+    found = []
+    for p in psutil.process_iter(["pid", "status"]):
+        try:
+            if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
+                continue
+            if p.environ().get("AGENTRL_TEST_RUN_TOKEN") == token:
+                found.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
 
 
 @pytest.mark.e2e
@@ -24,8 +44,10 @@ def test_ctrl_c_leaves_no_orphan(tmp_path, tiny_calc_model):
         "learner.batch_size=8",
         "rollout.max_new_tokens=16",
     )
+    token = f"agentrl-interrupt-{uuid.uuid4().hex}"
+    env = {**os.environ, "AGENTRL_TEST_RUN_TOKEN": token}
     log = open(tmp_path / "run.log", "w")
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     seen: dict[int, psutil.Process] = {}
     deadline = time.monotonic() + 600
     try:
@@ -42,18 +64,24 @@ def test_ctrl_c_leaves_no_orphan(tmp_path, tiny_calc_model):
         for p in psutil.Process(proc.pid).children(recursive=True):
             seen.setdefault(p.pid, p)
         assert len(seen) >= 3  # ray, the generator's vLLM engine, the learner...
+        assert _with_token(token)  # the token does reach the run's processes
         os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground process
         rc = proc.wait(timeout=120)
-        assert rc in (130, 1, -signal.SIGINT), rc
-        time.sleep(5)
-        alive = []
+        log.flush()
+        assert rc == 130, (rc, (tmp_path / "run.log").read_text()[-4000:])  # 1 would be a crash
+        assert "agentrl: interrupted" in (tmp_path / "run.log").read_text()
+        deadline = time.monotonic() + 15
+        while (alive := _with_token(token)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not alive, "left behind after Ctrl-C:\n" + "\n".join(alive)
+        gone = []
         for p in seen.values():
             try:
                 if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+                    gone.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
             except psutil.NoSuchProcess:
                 pass
-        assert not alive, "left behind after Ctrl-C:\n" + "\n".join(alive)
+        assert not gone, "left behind after Ctrl-C:\n" + "\n".join(gone)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

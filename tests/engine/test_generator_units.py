@@ -55,3 +55,7 @@ def test_engine_arguments_on_cpu_and_gpu() -> None:
     assert engine_kwargs(EngineSettings(model="m", block_size=64), on_gpu=True)["block_size"] == 64
     extra = engine_kwargs(EngineSettings(model="m", weight_transfer="gloo", extra={"tensor_parallel_size": 2}), on_gpu=True)
     assert extra["weight_transfer_config"] == {"backend": "gloo"} and extra["tensor_parallel_size"] == 2
+    # every engine carries agentrl's worker methods (re-tying a tied lm_head after an update)
+    from agentrl.engine.vllm_worker import WORKER_EXTENSION
+
+    assert cpu["worker_extension_cls"] == gpu["worker_extension_cls"] == WORKER_EXTENSION

@@ -2,6 +2,7 @@
 
 import json
 import shutil
+import time
 
 import anyio
 import httpx
@@ -17,8 +18,14 @@ BACKENDS = ["asyncio", "trio"]
 class Server:
     """A scripted vLLM server: records the calls, answers like vLLM 0.32's endpoints."""
 
-    def __init__(self, *, rl_endpoints: bool = True, logprobs: int | None = None) -> None:
+    RPC_S = 0.05
+    """How long a weight reload (``/collective_rpc``) takes: the stall the client must report."""
+    GENERATE_S = 0.03
+    """How long one generation takes: the busy time the client must count."""
+
+    def __init__(self, *, rl_endpoints: bool = True, logprobs: int | None = None, extension: bool = True) -> None:
         self.calls: list[tuple[str, str, dict]] = []
+        self.extension = extension
         self.rl_endpoints = rl_endpoints
         self.logprobs = logprobs
         self.version = "0"
@@ -39,8 +46,12 @@ class Server:
         if path in ("/pause", "/resume"):
             return httpx.Response(200, json={"status": path[1:]})
         if path == "/collective_rpc":
+            if body["method"] != "reload_weights" and not self.extension:
+                return httpx.Response(500, json={"error": f"Method {body['method']} not found"})
+            time.sleep(self.RPC_S)
             return httpx.Response(200)  # vLLM answers an empty body when the method returns None
         if path == "/inference/v1/generate":
+            time.sleep(self.GENERATE_S)
             ids = [7, 8, 9]
             n = len(ids) if self.logprobs is None else self.logprobs
             return httpx.Response(200, json={"choices": [{
@@ -67,8 +78,9 @@ def test_generate_and_update_weights_protocol(anyio_backend, tmp_path) -> None:
 
     first, stall, second, stats = anyio.run(go, backend=anyio_backend)
     assert (first.token_ids, first.logprobs, first.versions, first.stop_reason) == ([7, 8, 9], [-0.5] * 3, [0, 0, 0], "</code>")
-    assert second.versions == [4, 4, 4] and stall >= 0
-    assert stats["version"] == 4 and stats["tokens_generated"] == 6 and stats["busy_s"] >= 0
+    assert second.versions == [4, 4, 4] and Server.RPC_S <= stall < Server.RPC_S + 5
+    assert stats["version"] == 4 and stats["tokens_generated"] == 6
+    assert 2 * Server.GENERATE_S <= stats["busy_s"] < 2 * Server.GENERATE_S + 5  # the update is not generation
     gen_body = next(b for m, p, b in server.calls if p == "/inference/v1/generate")
     assert gen_body["token_ids"] == [1, 2, 3]
     assert gen_body["sampling_params"]["seed"] == 5 and gen_body["sampling_params"]["logprobs"] == 0
@@ -137,12 +149,24 @@ def test_real_vllm_serve_tokens_versions_and_inflight_update(vllm_server, tiny_c
         info = await g.start()
         a = await g.generate(prompt, sampling)
         again = await g.generate(prompt, sampling)
-        stall = await g.update_weights(1, str(v1))
+        long: list = []
+
+        async def long_request() -> None:  # in flight while the weights change
+            long.append(await g.generate(prompt, {"max_tokens": 400, "temperature": 1.0, "seed": 4, "ignore_eos": True}))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(long_request)
+            await anyio.sleep(0.3)
+            assert not long
+            stall = await g.update_weights(1, str(v1))
         b = await g.generate(prompt, sampling)
         await g.shutdown()
-        return info, a, again, stall, b
+        return info, a, again, stall, b, long[0]
 
-    info, a, again, stall, b = anyio.run(go)
+    info, a, again, stall, b, spanning = anyio.run(go)
+    # the long request survived the update (pause mode "keep"): version 0 tokens, then version 1
+    assert len(spanning.token_ids) == 400 and spanning.versions[0] == 0 and spanning.versions[-1] == 1
+    assert spanning.versions == sorted(spanning.versions)
     assert info["device"] == "remote"
     assert 0 < len(a.token_ids) <= 12 and len(a.logprobs) == len(a.token_ids)
     assert all(lp <= 0 for lp in a.logprobs)
@@ -150,3 +174,35 @@ def test_real_vllm_serve_tokens_versions_and_inflight_update(vllm_server, tiny_c
     assert (again.token_ids, again.logprobs) == (a.token_ids, a.logprobs)  # seeded: reproducible
     assert stall > 0 and b.versions == [1] * len(b.token_ids)
     assert b.logprobs != a.logprobs  # the new weights are the ones sampling
+
+
+@pytest.mark.parametrize("extension", [True, False])
+def test_a_tied_model_is_retied_after_a_reload(tmp_path, extension: bool) -> None:
+    """A version of a tied-embedding model: after reload_weights the server re-ties lm_head
+    (agentrl's worker method); a server started without agentrl's worker extension is reported
+    with what to add to its command line."""
+    from agentrl.engine.vllm_worker import RETIE_METHOD, WORKER_EXTENSION
+
+    server = Server(extension=extension)
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v1" / "config.json").write_text(json.dumps({"model_type": "llama", "tie_word_embeddings": True}))
+    (tmp_path / "v2").mkdir()
+    (tmp_path / "v2" / "config.json").write_text(json.dumps({"model_type": "qwen2", "tie_word_embeddings": False}))
+
+    async def go():
+        g = HttpGenerator("http://vllm:8000", transport=httpx.MockTransport(server))
+        await g.start()
+        try:
+            await g.update_weights(2, str(tmp_path / "v2"))  # untied: nothing more to do
+            await g.update_weights(1, str(tmp_path / "v1"))
+        finally:
+            await g.shutdown()
+
+    if extension:
+        anyio.run(go)
+    else:
+        with pytest.raises(GeneratorError, match=f"--worker-extension-cls {WORKER_EXTENSION}"):
+            anyio.run(go)
+    rpcs = [b["method"] for m, p, b in server.calls if p == "/collective_rpc"]
+    assert rpcs == ["reload_weights", "reload_weights", RETIE_METHOD]
+    assert [p for m, p, b in server.calls][-1] == "/resume"  # generation resumes either way

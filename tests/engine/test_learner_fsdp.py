@@ -28,7 +28,7 @@ def test_fsdp_step_and_publish(tiny_calc_model, tmp_path):
     learner = Learner(rank=0, world_size=1, master_addr="127.0.0.1", master_port=_port(), model=str(tiny_calc_model), lr=1e-3)
     try:
         info = learner.setup()
-        assert info["backend"] == "gloo" and info["parameters"] > 0
+        assert info["backend"] == ("nccl" if torch.cuda.is_available() else "gloo") and info["parameters"] > 0
         before = AutoModelForCausalLM.from_pretrained(tiny_calc_model).state_dict()
         batch = [_sample([5, 6, 7, 8, 9, 10], 1.0), _sample([5, 6, 7, 11, 12], -1.0), _sample([5, 6, 7, 8], 0.5)]
         metrics = learner.train_step(batch)

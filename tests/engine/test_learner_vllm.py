@@ -57,7 +57,16 @@ def test_learner_logprobs_match_vllm(tiny_calc_model):
     try:
         mine = learner.compute_logprobs(samples)
         diffs = [abs(a - b) for s, lp in zip(samples, mine) for a, b, m in zip(lp, s["behaviour_logprobs"], s["loss_mask"]) if m]
-        metrics = learner.train_step(samples)
+        # The metric reports the mismatch it sees, not a constant: give it behaviour log-probs
+        # that are off by a known amount (alternating signs) and it must report exactly that.
+        shift = [0.05 if i % 2 else -0.03 for i in range(sum(len(s["tokens"]) for s in samples))]
+        shifted, k = [], 0
+        for s in samples:
+            n = len(s["tokens"])
+            shifted.append({**s, "behaviour_logprobs": [b + d if m else b for b, m, d in zip(s["behaviour_logprobs"], s["loss_mask"], shift[k:k + n])]})
+            k += n
+        expected = [abs(a - b) for s, lp in zip(shifted, mine) for a, b, m in zip(lp, s["behaviour_logprobs"], s["loss_mask"]) if m]
+        metrics = learner.train_step(shifted)
     finally:
         learner.shutdown()
     worst, mean = max(diffs), sum(diffs) / len(diffs)
@@ -65,4 +74,5 @@ def test_learner_logprobs_match_vllm(tiny_calc_model):
     assert len(diffs) == sum(len(ids) for ids, _ in generated) > 100
     assert worst < MAX_ABS_TOL and mean < MEAN_ABS_TOL
     assert metrics["current_version_tokens"] == len(diffs)
-    assert metrics["logprob_abs_diff_current"] == pytest.approx(mean, abs=1e-6)
+    assert metrics["logprob_abs_diff_current"] == pytest.approx(sum(expected) / len(expected), abs=1e-6)
+    assert metrics["logprob_abs_diff_current"] > 0.03

@@ -177,4 +177,12 @@ def test_routing_least_outstanding_tokens_with_group_affinity(tiny_calc_model):
 
     anyio.run(main)
     assert len(gens[0].calls) == 6 and len(gens[1].calls) == 6  # 4 groups of 3 split 2/2
+    # affinity (not round-robin): every episode of a group went to one generator; episodes are
+    # told apart by their first turn's seed
+    from agentrl.engine.rollout import episode_seed
+
+    for i in range(4):
+        seeds = {episode_seed(0, i, j, 0) for j in range(3)}
+        owners = [k for k, g in enumerate(gens) if seeds & set(g.calls)]
+        assert len(owners) == 1 and seeds <= set(gens[owners[0]].calls), (i, [g.calls for g in gens])
     assert worker.outstanding == [0, 0]

@@ -1,6 +1,7 @@
 """Single-token stop strings become stop token ids: the lookup, and what real vLLM does with them."""
 
 import anyio
+import pytest
 
 from agentrl.engine.stops import single_token_ids, with_stop_token_ids
 from agentrl.models.loading import load_tokenizer
@@ -27,11 +28,14 @@ def test_sampling_gets_the_ids_and_keeps_its_strings(tiny_calc_model) -> None:
     assert "stop_token_ids" not in with_stop_token_ids(tok, {"stop": ["no single token here"]})
 
 
+@pytest.mark.vllm
 def test_real_vllm_stops_in_the_step_and_returns_the_same_tokens(tiny_calc_model) -> None:
     """The id alone: vLLM's scheduler ends the request (stop_reason is the id). The string alone:
     the front end does (stop_reason is the string). Both, as play_episode sends them: the same
     tokens, marker included. Same seed each way."""
-    from agentrl.engine.generator import EngineSettings, Generator
+    import torch
+
+    from agentrl.engine.generator import CPU_BLOCK_SIZE, EngineSettings, Generator, engine_kwargs
 
     tok = load_tokenizer(str(tiny_calc_model))
     (code_end,) = tok.encode("</code>", add_special_tokens=False)
@@ -40,10 +44,14 @@ def test_real_vllm_stops_in_the_step_and_returns_the_same_tokens(tiny_calc_model
     allowed = [code_end, *tok.encode("x = 12", add_special_tokens=False)]
 
     async def main() -> None:
-        g = Generator(EngineSettings(model=str(tiny_calc_model), max_model_len=256, kv_cache_gib=0.05), timeout_s=60)
+        settings = EngineSettings(model=str(tiny_calc_model), max_model_len=256, kv_cache_gib=0.05)
+        g = Generator(settings, timeout_s=60)
         await g.start()
         try:
-            assert g.engine.vllm_config.cache_config.block_size == 32  # the CPU default (prefix caching)
+            if torch.cuda.is_available():  # GPUs keep vLLM's own block size
+                assert "block_size" not in engine_kwargs(settings, True)
+            else:  # CPU: small blocks, so prefix caching reuses a short episode's turns
+                assert g.engine.vllm_config.cache_config.block_size == CPU_BLOCK_SIZE
             for seed in range(3):
                 base = {"temperature": 1.0, "max_tokens": 64, "seed": seed, "stop": ["</code>"], "allowed_token_ids": allowed}
                 by_string = await g.generate(prompt, base)

@@ -58,16 +58,18 @@ def test_broadcast_loads_the_version_into_vllm(tiny_calc_model) -> None:
             before = await g.generate(PROMPT, {"max_tokens": 8, "temperature": 0.0, "ignore_eos": True})
             assert max(abs(a - b) for a, b in zip(_hf_logprobs(hf, PROMPT, before.token_ids), before.logprobs)) > 1e-2
 
-            def send() -> None:
-                engine = _connect(client, 2, model_source(hf, torch.float32), 30.0)
-                client.version = 3
-                engine.send_weights()
+            engine = await asyncio.to_thread(_connect, client, 2, model_source(hf, torch.float32), 30.0)
+            client.version = 3
 
-            # a request in flight during the update survives it (pause mode "keep")
-            long = asyncio.ensure_future(g.generate(PROMPT, {"max_tokens": 200, "temperature": 1.0, "ignore_eos": True, "seed": 1}))
-            await asyncio.to_thread(send)
+            # a request in flight during the update survives it (pause mode "keep"): its first
+            # tokens come from version 0, its last from version 3
+            long = asyncio.ensure_future(g.generate(PROMPT, {"max_tokens": 450, "temperature": 1.0, "ignore_eos": True, "seed": 1}))
+            await asyncio.sleep(0.3)
+            assert not long.done()
+            await asyncio.to_thread(engine.send_weights)
             spanning = await long
-            assert len(spanning.token_ids) == 200 and set(spanning.versions) <= {0, 3}
+            assert len(spanning.token_ids) == 450 and spanning.versions[0] == 0 and spanning.versions[-1] == 3
+            assert spanning.versions == sorted(spanning.versions)
             assert g.version == 3 and len(g.update_stalls_s) == 1
 
             after = await g.generate(PROMPT, {"max_tokens": 8, "temperature": 0.0, "ignore_eos": True})

@@ -1,4 +1,6 @@
 import json
+import re
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -78,8 +80,6 @@ def test_synthetic_math_tasks(task: str) -> None:
 
 def test_linear_answers_solve_the_equations() -> None:
     """Independently of the generator: parse the question text and solve it with sympy."""
-    import re
-
     import sympy
 
     x = sympy.Symbol("x")
@@ -92,16 +92,37 @@ def test_linear_answers_solve_the_equations() -> None:
 
 
 def test_word_answers_are_exact() -> None:
-    from fractions import Fraction
-
+    """Reduced fractions, and each one solves its question (read from the text alone)."""
     rows = load_rows("synthetic:word", limit=200, seed=0)
     kinds = {r["question"].split(" ")[1] for r in rows}
     assert len(kinds) > 3
     for row in rows:
         value = Fraction(row["answer"])
         assert str(value) == row["answer"]  # reduced
+        assert value == _solve_word_problem(row["question"]), row  # the answer solves the question
         if "change" in row["question"]:
             assert value >= 0
+
+
+def _solve_word_problem(q: str) -> Fraction:
+    """The answer of a synthetic word problem, read from its text alone (independently of the
+    generator's own arithmetic)."""
+    if m := re.search(r"buys (\d+) .+? at (\d+) dollars each and a pen for (\d+) dollars\. .+? pays with a (\d+)-dollar bill", q):
+        k, price, extra, bill = map(int, m.groups())
+        return Fraction(bill - k * price - extra)
+    if m := re.search(r"has (\d+) .+? and gives (\d+) to each of (\d+) friends", q):
+        start, each, friends = map(int, m.groups())
+        return Fraction(start - each * friends)
+    if m := re.search(r"at a constant (\d+) kilometres per hour for (\d+) hours and (\d+) minutes", q):
+        speed, hours, minutes = map(int, m.groups())
+        return speed * (hours + Fraction(minutes, 60))
+    if m := re.search(r"is (\d+) times as old as .+?, who is (\d+) years old\. How old will .+? be in (\d+) years", q):
+        factor, child, years = map(int, m.groups())
+        return Fraction(factor * child + years)
+    if m := re.search(r"holds (\d+) marbles\. .+? takes (\d+)/(\d+) of them, then puts 3 back", q):
+        whole, num, den = map(int, m.groups())
+        return whole - whole * Fraction(num, den) + 3
+    raise AssertionError(f"no template matches {q!r}")
 
 
 def test_synthetic_rows_feed_the_math_envs() -> None:

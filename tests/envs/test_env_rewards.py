@@ -195,8 +195,9 @@ def test_math_reward_terms() -> None:
     anyio.run(main)
 
 
-def test_measure_verifier_latency_through_the_pool() -> None:
-    """Not a benchmark gate: prints the median latency of distinct verifications (see the report)."""
+def test_verifier_accepts_each_answer_kind_through_the_pool() -> None:
+    """Seven distinct correct answers of each kind verify through the process pool; the median
+    latency is printed for information (timings are benchmarks' business, not asserted here)."""
 
     async def main() -> dict[str, float]:
         verifier = MathVerifier()
@@ -219,4 +220,3 @@ def test_measure_verifier_latency_through_the_pool() -> None:
 
     medians = anyio.run(main)
     print("verifier median latency through the pool (ms):", {k: round(v, 2) for k, v in medians.items()})
-    assert all(v < 2000 for v in medians.values())

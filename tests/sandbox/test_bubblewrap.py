@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import socket
 import sys
 import time
@@ -29,9 +28,6 @@ from agentrl.sandbox import (
 REPO = Path(__file__).resolve().parents[2]
 BACKENDS = ["asyncio", "trio"]
 T = TypeVar("T")
-
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
-
 
 def arun(fn: Callable[[], Awaitable[T]], backend: str = "asyncio") -> T:
     return anyio.run(fn, backend=backend)
@@ -203,13 +199,32 @@ def test_cancelling_run_kills_the_sandbox(backend: str) -> None:
 
 
 def test_fork_bomb_is_contained() -> None:
+    token = f"agentrl-forkbomb-{uuid.uuid4().hex}"
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    # exec first, so that the bomb and every child it forks carry the token in their command line
+    code = f"import os, sys\nos.execv(sys.executable, [sys.executable, '-S', '-c', {bomb!r}, {token!r}])\n"
+    seen: list[int] = []
+
     async def go() -> ExecResult:
         async with BubblewrapSandbox(max_processes=16) as sb:
-            return await sb.run("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n", timeout_s=1)
+            result: list[ExecResult] = []
+
+            async def runner() -> None:
+                result.append(await sb.run(code, timeout_s=1))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(runner)
+                with anyio.move_on_after(1.5):
+                    while len(seen) < 4:  # the bomb really forks
+                        seen[:] = processes_with(token)
+                        await anyio.sleep(0.02)
+            return result[0]
 
     t0 = time.monotonic()
     r = arun(go)
+    assert len(seen) >= 4, seen
     assert r.timed_out and time.monotonic() - t0 < 4
+    assert wait_gone(token) == []  # nothing of it is left on the host
 
 
 def test_max_processes_is_enforced() -> None:
@@ -370,23 +385,26 @@ def test_gigantic_output_is_truncated() -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_concurrent_runs(backend: str) -> None:
-    async def go() -> tuple[list[ExecResult], float]:
+    async def go() -> list[ExecResult]:
         results: dict[int, ExecResult] = {}
         async with BubblewrapSandbox(max_concurrency=4) as sb:
 
             async def one(i: int) -> None:
-                results[i] = await sb.run(f"import time\ntime.sleep(0.2)\nprint({i} * {i})")
+                code = f"import time\nt0 = time.time()\ntime.sleep(0.2)\nprint({i} * {i}, t0, time.time())"
+                results[i] = await sb.run(code)
 
-            t0 = time.monotonic()
             async with anyio.create_task_group() as tg:
                 for i in range(8):
                     tg.start_soon(one, i)
-            return [results[i] for i in range(8)], time.monotonic() - t0
+            return [results[i] for i in range(8)]
 
-    results, elapsed = arun(go, backend)
+    results = arun(go, backend)
     assert all(r.ok for r in results), results
-    assert [r.stdout for r in results] == [f"{i * i}\n" for i in range(8)]
-    assert elapsed >= 0.4  # 8 runs of >= 0.2 s through 4 slots: at least two rounds
+    assert [r.stdout.split()[0] for r in results] == [str(i * i) for i in range(8)]
+    # each execution's own [start, end] (the wall clock is the host's): the most that overlapped
+    spans = [tuple(map(float, r.stdout.split()[1:])) for r in results]
+    most = max(sum(1 for a, b in spans if a <= t < b) for t, _ in spans)
+    assert 2 <= most <= 4, spans  # they ran concurrently, never more than max_concurrency at once
 
 
 # --- errors of the sandbox itself ---------------------------------------------------------
