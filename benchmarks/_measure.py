@@ -62,3 +62,32 @@ class PeakRSS:
     @property
     def rise(self) -> int:
         return self.peak - self.start
+
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
+"""The results file every benchmark's ``--write`` updates."""
+
+
+def machine() -> str:
+    """One line about this machine: CPUs, memory, load average when the line is made."""
+    with open("/proc/meminfo") as f:
+        mem_kb = int(next(line for line in f if line.startswith("MemTotal:")).split()[1])
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"{os.cpu_count()} CPUs, {mem_kb / 2**20:.0f} GiB; load average {load} at the end"
+
+
+def write_block(key: str, text: str, path: str = RESULTS) -> None:
+    """Put ``text`` between ``<!-- key:begin -->`` and ``<!-- key:end -->`` in ``path``,
+    replacing what a previous run wrote there (the prose around it is left alone); the markers
+    are appended at the end of the file the first time."""
+    begin, end = f"<!-- {key}:begin -->", f"<!-- {key}:end -->"
+    with open(path) as f:
+        doc = f.read()
+    block = f"{begin}\n{text.strip()}\n{end}"
+    if begin in doc and end in doc:
+        head, rest = doc.split(begin, 1)
+        doc = head + block + rest.split(end, 1)[1]
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + block + "\n"
+    with open(path, "w") as f:
+        f.write(doc)

@@ -9,12 +9,15 @@ engine) takes ``--repeats`` updates each way, alternating:
 * gloo (``weight_sync = "gloo"``): the trainer side broadcasts every parameter into the vLLM
   worker through vLLM's weight-transfer API, while the generator is paused.
 
-Reports medians of the whole update (learner side + generator side) and of the generation stall
-(pause to resume), and their ratios. ``medium`` is a randomly initialised Qwen2 of ~30 M
-parameters with the tiny model's tokenizer.
+One warm-up update each way comes first and is not counted. Reports medians of the whole update
+(learner side + generator side) and of the generation stall (pause to resume), and their ratios;
+forming the gloo group (the rendezvous, once per engine) is timed and reported on its own.
+``medium`` is a randomly initialised Qwen2 of ~30 M parameters with the tiny model's tokenizer.
+``--write`` puts the command, date, machine and table in ``benchmarks/RESULTS.md``, in a marked
+block of its own (the prose around it is written by people).
 
-    .venv/bin/python benchmarks/weight_sync.py --model runs/tiny_calc/sft --repeats 5
-    .venv/bin/python benchmarks/weight_sync.py --model runs/models/smollm2-135m-instruct --sizes tiny --repeats 5
+    .venv/bin/python benchmarks/weight_sync.py --model runs/tiny_calc/sft --repeats 5 --write
+    .venv/bin/python benchmarks/weight_sync.py --model runs/models/smollm2-135m-instruct --sizes tiny --repeats 5 --write
 """
 
 from __future__ import annotations
@@ -22,12 +25,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from _measure import RESULTS, machine, write_block
 
 
 def _medium(tiny: str, out: Path) -> str:
@@ -55,32 +60,35 @@ async def _measure(model: str, repeats: int, scratch: Path) -> dict[str, Any]:
     params = sum(p.numel() for p in hf.parameters())
     client = LocalGeneratorClient(g, asyncio.get_running_loop(), 300.0)
     address, port = free_endpoint()
+    t0 = time.monotonic()
     engine = await asyncio.to_thread(
         trainer_connect, "gloo", rank=0, address=address, port=port, world_size=2, client=client,
         source=model_source(hf, torch.float32), timeout_s=300.0,
     )
+    rendezvous = time.monotonic() - t0
     rows: dict[str, list[float]] = {k: [] for k in ("disk_write", "disk_stall", "disk_total", "gloo_stall", "gloo_total")}
     version = 0
-    for _ in range(repeats):
+    for rep in range(repeats + 1):  # the first round is a warm-up, not counted
         version += 1
         t0 = time.monotonic()
         path = write_hf_folder(hf.state_dict(), hf.config, scratch / f"v{version}")
         write = time.monotonic() - t0
-        rows.setdefault("bytes", []).append(sum(f.stat().st_size for f in Path(path).iterdir()))
         stall = await g.update_weights(version, str(path))
-        rows["disk_write"].append(write)
-        rows["disk_stall"].append(stall)
-        rows["disk_total"].append(time.monotonic() - t0)
+        disk = {"disk_write": write, "disk_stall": stall, "disk_total": time.monotonic() - t0,
+                "bytes": float(sum(f.stat().st_size for f in Path(path).iterdir()))}
         version += 1
         client.version = version
         t0 = time.monotonic()
         await asyncio.to_thread(engine.send_weights)
-        rows["gloo_total"].append(time.monotonic() - t0)
-        rows["gloo_stall"].append(g.update_stalls_s[-1])
+        gloo = {"gloo_total": time.monotonic() - t0, "gloo_stall": g.update_stalls_s[-1]}
+        if rep == 0:
+            continue
+        for k, v in {**disk, **gloo}.items():
+            rows.setdefault(k, []).append(v)
     check = await g.generate(list(range(5, 15)), {"max_tokens": 2, "temperature": 0.0})
     assert check.versions == [version, version]
     await g.shutdown()
-    return {"params": params, **{k: statistics.median(v) for k, v in rows.items()}}
+    return {"params": params, "rendezvous": rendezvous, **{k: statistics.median(v) for k, v in rows.items()}}
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -90,15 +98,27 @@ async def main_async(args: argparse.Namespace) -> None:
         if "medium" in args.sizes:
             models["medium"] = _medium(args.model, scratch / "medium")
         results = {name: await _measure(models[name], args.repeats, scratch / name / "versions") for name in args.sizes}
-    print(f"\nweight sync, median of {args.repeats} updates each way (seconds)\n")
-    print("| model | parameters | MB per version on disk | disk: write | disk: stall | disk: total | gloo: stall | gloo: total | total gloo/disk | stall gloo/disk |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    lines = [
+        f"Command: `.venv/bin/python benchmarks/weight_sync.py {' '.join(sys.argv[1:])}` "
+        f"({time.strftime('%Y-%m-%d %H:%M')}; {machine()}). One vLLM engine (CPU); one warm-up update each way, "
+        f"then {args.repeats} each way, alternating; medians, seconds. The gloo group is formed once per "
+        "engine (its rendezvous is its own column, not in the totals).",
+        "",
+        "| model | parameters | MB per version on disk | disk: write | disk: stall | disk: total | gloo: rendezvous (once) | gloo: stall | gloo: total | total gloo/disk | stall gloo/disk |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for name, r in results.items():
         label = Path(args.model).name if name == "tiny" else name
-        print(
-            f"| {label} | {r['params'] / 1e6:.1f} M | {r['bytes'] / 1e6:,.0f} | {r['disk_write']:.3f} | {r['disk_stall']:.3f} | {r['disk_total']:.3f} | "
-            f"{r['gloo_stall']:.3f} | {r['gloo_total']:.3f} | {r['gloo_total'] / r['disk_total']:.2f} | {r['gloo_stall'] / r['disk_stall']:.2f} |"
+        lines.append(
+            f"| {label} | {r['params'] / 1e6:.1f} M | {r['bytes'] / 1e6:,.0f} | {r['disk_write']:.3f} | {r['disk_stall']:.3f} | "
+            f"{r['disk_total']:.3f} | {r['rendezvous']:.2f} | {r['gloo_stall']:.3f} | {r['gloo_total']:.3f} | "
+            f"{r['gloo_total'] / r['disk_total']:.2f} | {r['gloo_stall'] / r['disk_stall']:.2f} |"
         )
+    text = "\n".join(lines)
+    print("\n" + text)
+    if args.write:
+        write_block(f"weight_sync {' '.join(args.sizes)} {Path(args.model).name}", text)
+        print(f"\nwritten to {RESULTS}")
 
 
 def main() -> None:
@@ -106,6 +126,7 @@ def main() -> None:
     ap.add_argument("--model", required=True, help="a Hugging Face folder: size 'tiny' is this folder as it is (its tokenizer is reused for 'medium')")
     ap.add_argument("--sizes", nargs="+", default=["tiny", "medium"], choices=["tiny", "medium"])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--write", action="store_true", help="put the table and the command in benchmarks/RESULTS.md (a block of its own)")
     args = ap.parse_args()
     if not Path(args.model).is_dir():
         raise SystemExit(f"{args.model}: not a folder")
