@@ -51,7 +51,7 @@ async def _measure(model: str, repeats: int, scratch: Path) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     from agentrl.engine.generator import EngineSettings, Generator
-    from agentrl.engine.learner import write_hf_folder
+    from agentrl.engine.hf_folder import write_hf_folder
     from agentrl.engine.weight_transfer import LocalGeneratorClient, free_endpoint, model_source, trainer_connect
 
     g = Generator(EngineSettings(model=model, max_model_len=512, kv_cache_gib=0.2, weight_transfer="gloo"), timeout_s=300)

@@ -281,7 +281,7 @@ class Controller:
             return
         path = str(self.run_dir / "weights" / f"v{version:06d}")
         if not Path(path).exists():  # broadcast, not written: write it now for the newcomers
-            await _timed(asyncio.gather(*[lr.publish.remote(path, False, True) for lr in self.learners]), self.recipe.learner.timeout_s, f"publishing version {version}", LearnerError)
+            await _timed(asyncio.gather(*[lr.publish.remote(path, serving_dtype=True) for lr in self.learners]), self.recipe.learner.timeout_s, f"publishing version {version}", LearnerError)
         outcomes = await _timed(
             asyncio.gather(*[g.update_weights.remote(version, path) for g in fresh], return_exceptions=True),
             self.recipe.generator.timeout_s + 30,

@@ -199,6 +199,9 @@ class Generator(GeneratorCounters):
         self._prefix = f"g{os.getpid()}-"
         self._update_t0 = time.monotonic()
         """When the collective update in progress paused generation."""
+        self._tied = False
+        """The served model ties its output projection to its input embedding: every update is
+        followed by a re-tie (:mod:`agentrl.engine.vllm_worker`)."""
 
     async def start(self) -> dict[str, Any]:
         """Create the engine (tens of seconds on CPU). Returns facts about it."""
@@ -225,6 +228,7 @@ class Generator(GeneratorCounters):
         except Exception as exc:
             raise GeneratorError(f"vLLM engine for {s.model!r} failed to start: {exc}") from exc
         await self.engine.update_weight_version(str(self.version))
+        self._tied = bool(getattr(self.engine.model_config.hf_text_config, "tie_word_embeddings", False))
         info: dict[str, Any] = {"startup_s": time.monotonic() - t0, "device": "cuda" if on_gpu else "cpu", "pid": os.getpid()}
         try:
             import ray
@@ -295,7 +299,8 @@ class Generator(GeneratorCounters):
             await self.engine.pause_generation(mode="keep", clear_cache=True)
             try:
                 await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": path})
-                await self.engine.collective_rpc(RETIE_METHOD)  # tied lm_head: see agentrl.engine.vllm_worker
+                if self._tied:
+                    await self.engine.collective_rpc(RETIE_METHOD)  # see agentrl.engine.vllm_worker
                 await self.engine.update_weight_version(str(version))
             finally:
                 await self.engine.resume_generation()
@@ -363,7 +368,8 @@ class Generator(GeneratorCounters):
         """Finish the update, label the weights ``version`` and resume. Returns the stall (s)."""
         try:
             await self._bounded(self.engine.finish_weight_update(str(version)), "finishing a weight update")
-            await self._bounded(self.engine.collective_rpc(RETIE_METHOD), "re-tying the output embeddings")
+            if self._tied:
+                await self._bounded(self.engine.collective_rpc(RETIE_METHOD), "re-tying the output embeddings")
         finally:
             await self.engine.resume_generation()
         return self._updated(version, self._update_t0)

@@ -31,7 +31,6 @@ One :meth:`Learner.train_step` per batch (one published weight version):
 
 from __future__ import annotations
 
-import copy
 import datetime
 import functools
 import math
@@ -46,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from agentrl.algos import STAT_KEYS, ObjectiveSettings, policy_loss
+from agentrl.engine.hf_folder import write_hf_folder
 from agentrl.errors import LearnerError
 
 __all__ = ["Learner", "lr_multiplier", "plan_microbatches", "token_logprobs", "write_hf_folder"]
@@ -148,53 +148,6 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     logits = logits.float()
     chosen = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
     return chosen - torch.logsumexp(logits, dim=-1)
-
-
-def write_hf_folder(
-    state_dict: dict[str, torch.Tensor],
-    config: Any,
-    out_dir: Path,
-    tokenizer: Any = None,
-    generation_config: Any = None,
-    dtype: torch.dtype | None = None,
-) -> Path:
-    """Write a Hugging Face model folder atomically (a temporary sibling renamed into place).
-
-    Tied output embeddings (``config.tie_word_embeddings``) are written once, as transformers
-    and vLLM expect. ``dtype`` (when given) casts floating-point tensors and the config's
-    ``dtype`` to it: a bfloat16 run publishes bfloat16 versions (half the bytes of the float32
-    master weights; vLLM would round them to bfloat16 on load anyway). ``generation_config``
-    (when given) is written too: instruct models keep
-    their end-of-turn EOS ids there (Qwen2.5's ``<|im_end|>`` is not ``config.eos_token_id``),
-    and a server without it would not stop at the end of a turn. Readers never see a
-    half-written folder.
-    """
-    from safetensors.torch import save_file
-
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    tensors = {
-        k: (v.detach().to("cpu", dtype if dtype is not None and v.is_floating_point() else v.dtype)).contiguous().clone()
-        for k, v in state_dict.items()
-    }
-    if dtype is not None:
-        config = copy.deepcopy(config)
-        config.dtype = dtype
-    if getattr(config, "tie_word_embeddings", False):
-        tensors.pop("lm_head.weight", None)
-    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    config.save_pretrained(tmp)
-    if generation_config is not None:
-        generation_config.save_pretrained(tmp)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
-    return out_dir
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
