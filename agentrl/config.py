@@ -147,7 +147,7 @@ class GeneratorConfig(_Section):
     backend: Literal["vllm", "http"] = "vllm"
     """``vllm``: each generator is a vLLM engine inside a Ray actor; ``http``: each is a client of
     a vLLM server started elsewhere (``VLLM_SERVER_DEV_MODE=1 vllm serve MODEL
-    --enable-scale-out``), one per entry of ``urls``; token ids in and out, weight versions
+    --enable-scale-out --logprobs-mode processed_logprobs``), one per entry of ``urls``; token ids in and out, weight versions
     loaded in flight through the server's RL endpoints (the server must see the run
     directory's ``weights/`` at the same path)."""
     urls: list[str] = []
@@ -161,7 +161,15 @@ class GeneratorConfig(_Section):
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
     """Fraction of GPU memory per engine (GPU machines only)."""
     tensor_parallel_size: int = Field(1, gt=0)
-    """GPUs per engine (tensor parallelism; GPU machines only)."""
+    """GPUs per engine (tensor parallelism; GPU machines only). The engine's workers run as
+    processes of the generator actor, which must then hold as many GPUs (``num_gpus``)."""
+    max_num_seqs: int | None = Field(None, gt=0)
+    """Most requests one engine schedules at once (vLLM's ``max_num_seqs``; None: vLLM's
+    default). Set it near the episodes each engine receives (``rollout.num_workers *
+    max_concurrent_episodes / num_generators``), or the rest queue inside vLLM."""
+    max_num_batched_tokens: int | None = Field(None, gt=0)
+    """Most tokens one engine step processes (vLLM's ``max_num_batched_tokens``; None: vLLM's
+    default, and ``max(max_model_len, 4096)`` on CPU, where prefills are not chunked)."""
     enforce_eager: bool = True
     """Disable CUDA graphs / compilation (faster start-up; recommended for tiny models and CPU)."""
     enable_prefix_caching: bool = True
@@ -174,7 +182,7 @@ class GeneratorConfig(_Section):
     num_cpus: float = Field(1.0, gt=0)
     """Ray CPUs reserved per generator actor."""
     num_gpus: float = Field(0.0, ge=0)
-    """Ray GPUs reserved per generator actor (0 on CPU machines)."""
+    """Ray GPUs reserved per generator actor (0 on CPU machines; at least ``tensor_parallel_size``)."""
     resources: dict[str, float] = {}
     """Custom Ray resources each generator actor requires (places generators on the nodes that
     offer them, e.g. ``{gen_node = 1}`` for nodes started with ``--resources``)."""
@@ -190,6 +198,12 @@ class GeneratorConfig(_Section):
     generators on different devices) or ``gloo`` (any machine): learner rank 0 broadcasts the
     parameters straight into the vLLM workers through vLLM's weight-transfer engine, nothing is
     written. A collective that fails or times out is reported and the run goes on with ``disk``."""
+    recompute_kv_on_update: bool = True
+    """At each weight update drop the engine's KV cache, so requests in flight re-encode their
+    context with the new weights: each token's version label is then exact (sampled by those
+    weights over a context they encoded). False skips the re-prefill (a shorter stall); tokens
+    after an update then see a context encoded by the previous weights (behaviour log-probs stay
+    exact, the version label is approximate)."""
     weight_sync_timeout_s: float = Field(300.0, gt=0)
     """Longest wait for forming the transfer group and for each collective, seconds."""
 
@@ -202,6 +216,11 @@ class GeneratorConfig(_Section):
             raise ValueError('urls are only used with backend = "http"')
         if self.backend == "http" and self.weight_sync != "disk":
             raise ValueError(f'weight_sync = "{self.weight_sync}" needs backend = "vllm" (http generators load versions from disk)')
+        if self.tensor_parallel_size > 1 and self.num_gpus < self.tensor_parallel_size:
+            raise ValueError(
+                f"tensor_parallel_size = {self.tensor_parallel_size} needs num_gpus = {self.tensor_parallel_size} "
+                f"(num_gpus is per generator: its engine's workers must see every GPU they shard over; got {self.num_gpus:g})"
+            )
         return self
 
 
@@ -219,16 +238,26 @@ class RolloutConfig(_Section):
     max_episode_tokens: int = Field(1024, gt=0)
     """Most tokens in a whole episode (prompt, turns, tool outputs); beyond it the episode ends
     with status ``overflow``."""
-    temperature: float = Field(1.0, ge=0)
-    """Sampling temperature."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature (> 0). The learner divides its logits by it, so that its log-probs
+    and vLLM's (processed: after temperature) are of the same distribution."""
     top_p: float = Field(1.0, gt=0, le=1)
-    """Nucleus sampling threshold."""
+    """Nucleus sampling threshold. Below 1 the behaviour log-probs are those of the truncated,
+    renormalised distribution, while the learner's are of the whole tempered one: importance
+    weights then carry the nucleus mass (as in verl); keep 1 for exact ratios."""
+    seed_sampling: bool = False
+    """Seed every turn's sampling from (``seed``, prompt, sample, turn): episodes are then
+    reproducible (a sync run and an async run at ``max_staleness = 0`` train the same tokens),
+    but vLLM samples seeded requests on its slower per-request path. Off: vLLM's batched
+    sampling, episodes differ between runs."""
     stop: list[str] = ["</code>"]
     """Stop strings that end a turn (kept in the output), e.g. the end of a tool call."""
     num_cpus: float = Field(0.5, gt=0)
     """Ray CPUs reserved per rollout worker."""
-    episode_timeout_s: float = Field(900.0, gt=0)
-    """Longest wait for one group of episodes, seconds."""
+    episode_timeout_s: float = Field(3600.0, gt=0)
+    """Longest wait for one group of episodes, seconds: all its samples, every turn, tool calls
+    included, on an engine shared with every other episode in flight. A group that runs out is
+    cancelled (its remote task too) and its prompt re-issued."""
 
 
 class LearnerConfig(_Section):
@@ -277,6 +306,11 @@ class LearnerConfig(_Section):
     """Ray CPUs reserved per learner rank."""
     num_gpus: float = Field(0.0, ge=0)
     """Ray GPUs per learner rank (0 on CPU machines: gloo backend)."""
+    resources: dict[str, float] = {}
+    """Custom Ray resources each learner rank requires (places the ranks on the nodes that offer
+    them, e.g. ``{train_node = 1}``). The ranks are reserved together as one placement group."""
+    placement_timeout_s: float = Field(300.0, gt=0)
+    """Longest wait for the cluster to place every learner rank, seconds."""
     torch_threads: int = Field(1, gt=0)
     """torch intra-op threads per rank on CPU."""
     timeout_s: float = Field(900.0, gt=0)
@@ -495,8 +529,10 @@ class Recipe(_Section):
         return 0 if self.mode == "sync" else self.algo.max_staleness
 
     def resolved_run_dir(self) -> Path:
-        """The run directory as a path."""
-        return Path(self.run_dir) if self.run_dir else Path("runs") / self.name
+        """The run directory as an absolute path (a relative ``run_dir``, or ``runs/<name>``,
+        is taken from the current directory once: Ray actors on other nodes, started from
+        other directories, write into it by this path)."""
+        return (Path(self.run_dir) if self.run_dir else Path("runs") / self.name).absolute()
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

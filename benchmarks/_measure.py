@@ -1,8 +1,13 @@
-"""Measurements the benchmarks share: the machine's busy CPU time, quantiles of samples."""
+"""Measurements the benchmarks share: the machine's busy CPU time, quantiles of samples, peak
+memory; and how they write results: the command-and-machine header line of a run
+(:func:`run_header`) and a marked block of ``benchmarks/RESULTS.md`` (:func:`write_block`)."""
 
 from __future__ import annotations
 
 import os
+import shlex
+import sys
+import time
 
 
 def busy_cpu_s() -> float:
@@ -76,17 +81,54 @@ def machine() -> str:
     return f"{os.cpu_count()} CPUs, {mem_kb / 2**20:.0f} GiB; load average {load} at the end"
 
 
-def write_block(key: str, text: str, path: str = RESULTS) -> None:
+def command_line() -> str:
+    """The command this process was started with, as typed in the repository root: the
+    interpreter (relative to the repository when it lies inside it, e.g. ``.venv/bin/python``),
+    the script (``benchmarks/<name>.py``) and every argument of ``sys.argv``, shell-quoted."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def rel(path: str) -> str:
+        absolute = os.path.abspath(path)
+        return os.path.relpath(absolute, root) if absolute.startswith(root + os.sep) else path
+
+    return " ".join(shlex.quote(a) for a in [rel(sys.executable), rel(sys.argv[0]), *sys.argv[1:]])
+
+
+def run_header(started: float | None = None) -> str:
+    """``Command: `<command_line()>` (<date>; <machine()>)``, no final full stop: the first line
+    of a block that ``--write`` puts in RESULTS.md. The date is local time now (when the results
+    are written); with ``started`` (a ``time.time()`` value) it is the span ``start–end`` when
+    that is a minute or more."""
+    end = time.time()
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(end))
+    if started is not None:
+        first = time.strftime("%Y-%m-%d %H:%M", time.localtime(started))
+        if first != when:
+            when = f"{first}–{time.strftime('%H:%M', time.localtime(end))}"
+    return f"Command: `{command_line()}` ({when}; {machine()})"
+
+
+def write_block(key: str, text: str, path: str = RESULTS, section: str | None = None) -> None:
     """Put ``text`` between ``<!-- key:begin -->`` and ``<!-- key:end -->`` in ``path``,
-    replacing what a previous run wrote there (the prose around it is left alone); the markers
-    are appended at the end of the file the first time."""
+    replacing what a previous run wrote there (the prose around it is left alone). The first
+    time (no markers yet) the block goes at the end of the ``## <section>`` section, before the
+    next ``## `` heading, when ``section`` is given and the file has that heading; otherwise at
+    the end of the file."""
     begin, end = f"<!-- {key}:begin -->", f"<!-- {key}:end -->"
     with open(path) as f:
         doc = f.read()
     block = f"{begin}\n{text.strip()}\n{end}"
+    heading = f"## {section}\n"
     if begin in doc and end in doc:
         head, rest = doc.split(begin, 1)
         doc = head + block + rest.split(end, 1)[1]
+    elif section is not None and (doc.startswith(heading) or f"\n{heading}" in doc):
+        at = 0 if doc.startswith(heading) else doc.index(f"\n{heading}") + 1
+        nxt = doc.find("\n## ", at + len(heading) - 1)
+        if nxt < 0:
+            doc = doc.rstrip("\n") + "\n\n" + block + "\n"
+        else:
+            doc = doc[:nxt].rstrip("\n") + "\n\n" + block + "\n" + doc[nxt:]
     else:
         doc = doc.rstrip("\n") + "\n\n" + block + "\n"
     with open(path, "w") as f:

@@ -1,14 +1,27 @@
 """Async (bounded staleness) against sync (on-policy) RL: wall-clock for the same samples.
 
-Runs ``agentrl train`` on the same recipe, seed and number of learner steps (hence the same
-number of trained samples) in ``sync`` mode (``max_staleness = 0``: generate a batch, train,
-update, repeat) and in ``async`` mode with ``max_staleness`` 1, 2 and 4, ``--repeats`` times
-each, interleaved, and prints the median RL-loop wall-clock (first step started to last step
-done, engine start-up excluded) with its ratio to sync measured in the same run, and the busy
-fractions of the generator (a request in flight) and the learner (training or writing weights)
-from the run's ``utilisation`` record.
+Runs ``agentrl train`` on the same recipe (``recipes/tiny_calc.toml`` with an untrained tiny
+model: no SFT, no evaluation), seed and number of learner steps (hence the same number of trained
+samples) in ``sync`` mode (``max_staleness = 0``: generate a batch, train, update, repeat) and in
+``async`` mode with each ``--staleness`` bound (default 1, 2 and 4). Each repeat runs every mode
+once, one after the other, so the modes are interleaved and drift of the machine hits them alike.
 
-    .venv/bin/python benchmarks/async_vs_sync.py --steps 20 --repeats 2
+For each mode it prints min / median / max over ``--repeats`` (default 5) of the RL-loop
+wall-clock (first step started to last step done, engine start-up excluded) and of samples/s;
+the medians of the mean staleness and of the busy fractions of the generator (a request in
+flight) and the learner (training or writing weights) from the run's ``utilisation`` record; and
+the speed-up vs sync as the median (and min / max) of the per-repeat ratios
+``samples/s of the mode ÷ samples/s of sync in the same repeat``: a ratio within one repeat
+cancels the drift between repeats, a ratio of medians would not. The default of 5 repeats
+makes each median a real middle run with two on either side (with 2 it is just their mean).
+
+The same text is printed and, with ``--write``, put in ``benchmarks/RESULTS.md`` in a marked
+block of its own (key ``async_vs_sync`` plus the ``--set`` overrides; first written at the end of
+the "async vs sync" section, the prose around it is written by people): the exact command, the
+date span, the machine, repeats, steps and the table.
+
+    .venv/bin/python benchmarks/async_vs_sync.py --steps 20 --repeats 5 --write
+    .venv/bin/python benchmarks/async_vs_sync.py --steps 20 --staleness 1 2 --set rollout.group_size=8
 """
 
 from __future__ import annotations
@@ -19,21 +32,36 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+from _measure import RESULTS, run_header, write_block
 
 from agentrl.cli import train_command
 
 REPO = Path(__file__).resolve().parents[1]
 
+Config = tuple[str, int]
+"""A mode and its ``algo.max_staleness``: ``("sync", 0)`` or ``("async", bound)``."""
 
-def run_once(mode: str, staleness: int, steps: int, model: Path, workdir: Path, extra: list[str]) -> dict:
+Run = dict[str, float]
+"""One ``agentrl train`` run, as :func:`run_once` measures it."""
+
+
+def run_once(mode: str, staleness: int, steps: int, model: Path, workdir: Path, extra: list[str]) -> Run:
+    """Train ``steps`` learner steps in ``mode`` with ``algo.max_staleness = staleness`` and read
+    the run's ``metrics.jsonl``. Returns ``wall_s`` (RL loop: loop start to the last step's
+    record, seconds), ``samples`` (trained samples, all steps), ``samples_per_s``,
+    ``mean_staleness`` (versions a trained token lagged behind the learner, sample-weighted mean),
+    ``gen_busy`` and ``learner_busy`` (fractions 0..1 of the loop from the ``utilisation``
+    record)."""
     run_dir = workdir / f"{mode}-{staleness}-{len(list(workdir.iterdir()))}"
     cmd = train_command(
         str(REPO / "recipes" / "tiny_calc.toml"), str(run_dir), str(model),
         f"mode={mode}", f"algo.max_staleness={staleness}", "sft.steps=0", "eval.limit=0", f"learner.max_steps={steps}",
         *extra,
     )
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600, check=False)
     if proc.returncode:
         raise SystemExit(f"{mode} run failed:\n{proc.stderr[-3000:]}")
     recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -49,33 +77,101 @@ def run_once(mode: str, staleness: int, steps: int, model: Path, workdir: Path, 
     }
 
 
+def speedups(results: dict[Config, list[Run]], base: Config = ("sync", 0)) -> dict[Config, list[float]]:
+    """Per config, its speed-up over ``base`` in each repeat: ``samples/s ÷ base's samples/s``
+    in the same repeat (> 1: faster than ``base``; the same as ``base wall ÷ wall`` when both
+    trained the same samples). Repeat ``i`` of every config is paired with repeat ``i`` of
+    ``base``."""
+    ref = [r["samples_per_s"] for r in results[base]]
+    return {c: [r["samples_per_s"] / b for r, b in zip(rs, ref, strict=True)] for c, rs in results.items()}
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    """``min / median / max`` of ``values``, each formatted with ``fmt``."""
+    return " / ".join(format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
+
+
+def format_table(results: dict[Config, list[Run]], steps: int) -> str:
+    """The Markdown table of ``results`` (config -> one :data:`Run` per repeat, repeats in order,
+    ``("sync", 0)`` among them): one row per config in the order given, with min / median / max
+    of wall-clock and samples/s, medians of mean staleness and busy fractions, and the speed-up
+    vs sync as median (min–max) of the per-repeat ratios (:func:`speedups`)."""
+    ups = speedups(results)
+    samples = sorted({int(r["samples"]) for rs in results.values() for r in rs})
+    same = f"{samples[0]} samples per run" if len(samples) == 1 else f"{samples[0]}–{samples[-1]} samples per run (not all equal)"
+    lines = [
+        (
+            f"{steps} learner steps, {same}; min / median / max over the repeats; busy fractions and staleness are "
+            "medians; speed-up vs sync is the median (min–max) of the per-repeat ratios of samples/s."
+        ),
+        "",
+        (
+            "| mode | max_staleness | RL wall-clock s (min / med / max) | samples/s (min / med / max) | mean staleness | "
+            "generator busy | learner busy | speed-up vs sync (median, min–max) |"
+        ),
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for (mode, s), rs in results.items():
+        med = {k: statistics.median(r[k] for r in rs) for k in ("mean_staleness", "gen_busy", "learner_busy")}
+        up = ups[(mode, s)]
+        lines.append(
+            f"| {mode} | {s} | {_spread([r['wall_s'] for r in rs], '.1f')} | {_spread([r['samples_per_s'] for r in rs], '.1f')} | "
+            f"{med['mean_staleness']:.2f} | {med['gen_busy']:.0%} | {med['learner_busy']:.0%} | "
+            f"{statistics.median(up):.2f}x ({min(up):.2f}–{max(up):.2f}) |"
+        )
+    return "\n".join(lines)
+
+
+def format_block(results: dict[Config, list[Run]], args: argparse.Namespace, started: float) -> str:
+    """What is printed and what ``--write`` puts in RESULTS.md: :func:`run_header` (the exact
+    command, the span from ``started``, a ``time.time()`` value, to now, and the machine), the
+    setup and repeats, then :func:`format_table`."""
+    head = (
+        f"{run_header(started)}. `recipes/tiny_calc.toml` with an untrained tiny model (no SFT, no evaluation), same "
+        f"seed in every run; {args.repeats} repeats, each running every mode once, interleaved. RL wall-clock runs from "
+        "the first step's start to the last step's end (engine start-up excluded); the busy fractions come from the "
+        "run's `utilisation` record (generator: at least one request in flight; learner: training or writing the new "
+        "version)."
+    )
+    return head + "\n\n" + format_table(results, args.steps)
+
+
+def block_key(extra: list[str]) -> str:
+    """The RESULTS.md block this run's ``--write`` replaces: ``async_vs_sync`` plus the
+    ``--set`` overrides (runs with other overrides get blocks of their own)."""
+    return " ".join(["async_vs_sync", *extra])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--set", dest="extra", action="append", default=[], help="extra recipe overrides")
+    ap.add_argument("--steps", type=int, default=20, help="learner steps per run (same in every mode)")
+    ap.add_argument("--repeats", type=int, default=5, help="runs of every mode, interleaved (min / median / max over them)")
+    ap.add_argument("--staleness", type=int, nargs="+", default=[1, 2, 4], help="max_staleness bounds of the async runs (each >= 1)")
+    ap.add_argument("--set", dest="extra", action="append", default=[], help="extra recipe override (section.key=value), every run")
+    ap.add_argument("--write", action="store_true", help="put the command, date, machine and table in benchmarks/RESULTS.md (a block of its own)")
     args = ap.parse_args()
+    if args.repeats < 1 or args.steps < 1:
+        raise SystemExit("--repeats and --steps must be at least 1")
+    if any(s < 1 for s in args.staleness):
+        raise SystemExit("--staleness bounds must be >= 1 (0 is sync, which always runs)")
     extra = list(args.extra)
+    started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model = work / "model"
         subprocess.run([sys.executable, "-m", "agentrl.cli", "model", "init", "tiny", str(model)], check=True, cwd=REPO, capture_output=True)
         (work / "runs").mkdir()
-        configs = [("sync", 0), ("async", 1), ("async", 2), ("async", 4)]
-        results: dict[tuple[str, int], list[dict]] = {c: [] for c in configs}
+        configs: list[Config] = [("sync", 0), *(("async", s) for s in dict.fromkeys(args.staleness))]
+        results: dict[Config, list[Run]] = {c: [] for c in configs}
         for _ in range(args.repeats):
             for mode, s in configs:
                 results[(mode, s)].append(run_once(mode, s, args.steps, model, work / "runs", extra))
-    base = statistics.median(r["wall_s"] for r in results[("sync", 0)])
-    print(f"\n{args.steps} learner steps, {args.repeats} repeats (median), same recipe and seed\n")
-    print("| mode | max_staleness | RL wall-clock s | samples/s | mean staleness | generator busy | learner busy | speed-up vs sync |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for (mode, s), rs in results.items():
-        med = {k: statistics.median(r[k] for r in rs) for k in ("wall_s", "samples_per_s", "mean_staleness", "gen_busy", "learner_busy")}
-        print(
-            f"| {mode} | {s} | {med['wall_s']:.1f} | {med['samples_per_s']:.1f} | {med['mean_staleness']:.2f} | "
-            f"{med['gen_busy']:.0%} | {med['learner_busy']:.0%} | {base / med['wall_s']:.2f}x |"
-        )
+    text = format_block(results, args, started)
+    print("\n" + text)
+    if args.write:
+        write_block(block_key(extra), text, section="async vs sync")
+        print(f"\nwritten to {RESULTS}")
+
 
 if __name__ == "__main__":
     main()

@@ -10,7 +10,13 @@ the same objective, :func:`agentrl.algos.policy_loss`, everywhere):
   model (no FSDP, no process group), full logits and ``log_softmax``: the issue's reference;
 - ``learner-fixed``: the learner with the planner replaced by fixed-size micro-batches in
   arrival order, sized for the longest possible sequence (``budget // max_len`` samples), the
-  usual alternative to token budgets: the baseline for the micro-batching.
+  usual alternative to token budgets;
+- ``learner-sorted-fixed``: the same fixed size, but the samples sorted by length (longest
+  first) before they are cut into micro-batches: the strong fixed-size baseline (arrival order
+  pads ~46% of the slots on the default batch, sorting most of that away).
+
+The headline for micro-batching compares ``learner`` with the *strongest* fixed-size
+configuration of the run (the one with the higher median tokens/s), and names it.
 
 Each timed step also records the process's peak resident memory above what it held before the
 step (``PeakRSS``): the memory the step itself needs at its worst moment (activations, logits,
@@ -24,9 +30,14 @@ repeat's own ratio (configurations of one repeat run back to back, so load that 
 The batch mimics multi-turn episodes: lengths drawn log-normally between 48 and ``--max-len``
 tokens, a 32-token prompt, then alternating model-written (trained) and tool-output segments.
 
-    .venv/bin/python benchmarks/learner.py --repeats 7 --steps 2
+``--write`` puts the command, date, machine, repeats and steps, the batch and the table in
+``benchmarks/RESULTS.md``, in a marked block of its own (key ``learner <configurations> <model>``,
+the first time at the end of the ``## learner`` section; the prose around it is left alone).
+
+    .venv/bin/python benchmarks/learner.py --repeats 7 --steps 2 --write
+    .venv/bin/python benchmarks/learner.py --configs learner learner-sorted-fixed --repeats 5 --steps 2
     .venv/bin/python benchmarks/learner.py --model runs/models/smollm2-135m-instruct \
-        --samples 16 --repeats 3 --steps 1 --configs learner plain
+        --samples 16 --repeats 3 --steps 1 --configs learner plain --write
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +58,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from _measure import PeakRSS  # noqa: E402
+from _measure import RESULTS, PeakRSS, run_header, write_block  # noqa: E402
 
 from agentrl.algos import ObjectiveSettings, policy_loss  # noqa: E402
 from agentrl.engine import learner as learner_mod  # noqa: E402
@@ -71,13 +83,26 @@ def make_batch(n: int, max_len: int, vocab: int, seed: int) -> list[dict[str, An
     return out
 
 
-def fixed_plan(max_len: int):
-    """A stand-in for :func:`plan_microbatches`: ``budget // max_len`` samples per micro-batch,
-    in arrival order."""
+Planner = Callable[[list[int], int, int], list[list[int]]]
+"""The signature of :func:`plan_microbatches`: (sample lengths, token budget, world size) to
+micro-batches, each a list of sample indices."""
+
+CONFIGS = ("learner", "plain", "learner-fixed", "learner-sorted-fixed")
+"""Every configuration, in the order they run within a repeat; ``plain`` is the baseline."""
+FIXED = ("learner-fixed", "learner-sorted-fixed")
+"""The fixed-size micro-batch configurations, baselines for token-budget micro-batching."""
+
+
+def fixed_plan(max_len: int, by_length: bool = False) -> Planner:
+    """A stand-in for :func:`plan_microbatches`: ``budget // max_len`` samples per micro-batch
+    (at least one), whatever their lengths; the samples in arrival order, or with ``by_length``
+    sorted longest first (so each micro-batch holds samples of similar length). Empty
+    micro-batches are appended until every rank gets the same number."""
 
     def plan(lengths: list[int], token_budget: int, world_size: int) -> list[list[int]]:
         k = max(1, token_budget // max_len)
-        mbs = [list(range(i, min(len(lengths), i + k))) for i in range(0, len(lengths), k)]
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i]) if by_length else list(range(len(lengths)))
+        mbs = [order[i : i + k] for i in range(0, len(order), k)]
         while len(mbs) % world_size:
             mbs.append([])
         return mbs
@@ -86,6 +111,7 @@ def fixed_plan(max_len: int):
 
 
 def padding_fraction(lengths: list[int], plan: list[list[int]]) -> float:
+    """Padded slots over all slots of ``plan``: each micro-batch pads its samples to its longest."""
     slots = sum(max(lengths[i] for i in mb) * len(mb) for mb in plan if mb)
     return 1.0 - sum(lengths) / slots
 
@@ -130,9 +156,17 @@ class PlainLoop:
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for the learner's process group)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def strongest_fixed(tps: dict[str, float]) -> str | None:
+    """The fixed-size configuration with the highest tokens/s in ``tps`` (configuration to
+    median tokens/s), or None when the run has none."""
+    fixed = [k for k in FIXED if k in tps]
+    return max(fixed, key=lambda k: tps[k]) if fixed else None
 
 
 def main() -> None:
@@ -145,11 +179,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
     ap.add_argument("--layers", type=int, default=4, help="tiny model depth (tiny_calc recipe: 4)")
     ap.add_argument("--model", default=None, help="a Hugging Face folder instead of the tiny model")
-    ap.add_argument("--configs", nargs="+", default=["learner", "plain", "learner-fixed"],
-                    choices=["learner", "plain", "learner-fixed"], help="configurations to run (plain is the baseline)")
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS,
+                    help="configurations to run (plain, the baseline, always runs)")
+    ap.add_argument("--write", action="store_true",
+                    help="put the command, batch and table in benchmarks/RESULTS.md (a block of its own)")
     args = ap.parse_args()
-    configs = [c for c in ("learner", "plain", "learner-fixed") if c in args.configs or c == "plain"]
+    configs = [c for c in CONFIGS if c in args.configs or c == "plain"]
     torch.set_num_threads(args.threads)
+    started = time.time()
 
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
@@ -163,7 +200,8 @@ def main() -> None:
             model = str(build_tiny_model(Path(tmp) / "tiny", tokenizer_corpus("agentrl/Calc-v0", rows), spec))
         from transformers import AutoConfig
 
-        vocab = int(AutoConfig.from_pretrained(model).vocab_size)
+        hf_config = AutoConfig.from_pretrained(model)
+        vocab = int(hf_config.vocab_size)
         batch = make_batch(args.samples, args.max_len, vocab, seed=0)
         lengths = [len(s["tokens"]) for s in batch]
         tokens = sum(lengths)
@@ -178,20 +216,22 @@ def main() -> None:
             return ln
 
         real_plan = learner_mod.plan_microbatches
-        naive_plan = fixed_plan(args.max_len)
-        pad = {
-            "learner": padding_fraction(lengths, real_plan(lengths, args.budget, 1)),
-            "learner-fixed": padding_fraction(lengths, naive_plan(lengths, args.budget, 1)),
+        planners: dict[str, Planner] = {
+            "learner": real_plan,
+            "plain": real_plan,  # the plain loop runs the learner's micro-batches
+            "learner-fixed": fixed_plan(args.max_len),
+            "learner-sorted-fixed": fixed_plan(args.max_len, by_length=True),
         }
-        pad["plain"] = pad["learner"]
-        n_mb = {"learner": len(real_plan(lengths, args.budget, 1)), "learner-fixed": len(naive_plan(lengths, args.budget, 1))}
-        n_mb["plain"] = n_mb["learner"]
+        plans = {k: planners[k](lengths, args.budget, 1) for k in configs}
+        pad = {k: padding_fraction(lengths, plan) for k, plan in plans.items()}
+        n_mb = {k: len(plan) for k, plan in plans.items()}
 
         times: dict[str, list[float]] = {k: [] for k in configs}
         cpu: dict[str, list[float]] = {k: [] for k in times}
         peak: dict[str, list[int]] = {k: [] for k in times}
-        paired: list[dict[str, float]] = []  # per repeat: plain step time / this configuration's
-        learner = new_learner()  # one process group, reused by both learner configurations
+        per_repeat: list[dict[str, float]] = []  # per repeat: median step time of each configuration
+        learner = new_learner()  # one process group, reused by every learner configuration
+        params_m = sum(p.numel() for p in learner.policy.parameters()) / 1e6  # tied weights counted once
         try:
             for rep in range(args.repeats):
                 for name in configs:
@@ -199,7 +239,7 @@ def main() -> None:
                         loop = PlainLoop(model, 1e-5, args.budget)
                         step = loop.step
                     else:
-                        learner_mod.plan_microbatches = real_plan if name == "learner" else naive_plan
+                        learner_mod.plan_microbatches = planners[name]
                         step = learner.train_step
                     step(batch)  # warm-up
                     for _ in range(args.steps):
@@ -213,7 +253,7 @@ def main() -> None:
                     if name == "plain":
                         del loop, step  # its model and AdamW state leave before the next configuration
                 rep_t = {k: statistics.median(v[-args.steps:]) for k, v in times.items()}
-                paired.append({k: rep_t["plain"] / t for k, t in rep_t.items()})
+                per_repeat.append(rep_t)
                 print(f"repeat {rep + 1}/{args.repeats}: " + ", ".join(f"{k} {tokens / t:,.0f} tok/s" for k, t in rep_t.items()), flush=True)
         finally:
             learner_mod.plan_microbatches = real_plan
@@ -222,19 +262,57 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
     med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
     tps = {k: tokens / v for k, v in med.items()}
-    print()
-    print(f"batch: {args.samples} samples, {tokens} tokens ({trained} trained), lengths {min(lengths)}..{max(lengths)} "
-          f"(median {int(statistics.median(lengths))}), budget {args.budget} tokens/micro-batch, {args.threads} threads, "
-          f"{args.repeats} repeats x {args.steps} steps")
-    print()
-    print("| configuration | micro-batches | padding | median step (s) | CPU s per step | tokens/s | peak memory rise per step (MiB) "
-          "| vs plain (medians) | vs plain (paired, median of repeats) | vs learner-fixed |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+
+    def paired(name: str, base: str) -> float:
+        """Median over repeats of (``base`` step time / ``name`` step time) within the repeat:
+        ``name``'s speed-up over ``base``, > 1 is faster."""
+        return statistics.median(r[base] / r[name] for r in per_repeat)
+
+    best = strongest_fixed(tps)
+    model_name = Path(args.model).name if args.model else "tiny"
+    model_desc = (f"`{args.model}`" if args.model else
+                  f"the tiny_calc model shape (Qwen2, hidden {hf_config.hidden_size}, {args.layers} layers, MLP 512, "
+                  f"vocabulary {vocab})")
+    model_desc += f", {params_m:.1f} M parameters"
+    lines = [
+        f"{run_header(started)}. Model: {model_desc}; torch {torch.__version__}, {args.threads} torch threads.",
+        "",
+        f"Batch: {args.samples} samples, {tokens:,} tokens ({trained:,} trained), lengths {min(lengths)}..{max(lengths)} "
+        f"(median {int(statistics.median(lengths))}); micro-batch budget {args.budget:,} tokens, fixed-size micro-batches "
+        f"of {max(1, args.budget // args.max_len)} samples. Configurations interleaved, {args.repeats} repeats × "
+        f"{args.steps} timed steps each after one warm-up step; medians over all timed steps. tokens/s: all tokens "
+        "of the batch per wall-clock second of a step; paired: the median over repeats of each repeat's own ratio.",
+        "",
+    ]
+    head = ("| configuration | micro-batches | padding | median step (s) | CPU s per step | tokens/s "
+            "| peak memory rise per step (MiB) | vs plain (medians) | vs plain (paired) |")
+    align = "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    if best:
+        head += f" vs {best} (medians) | vs {best} (paired) |"
+        align += " ---: | ---: |"
+    lines += [head, align]
     for name in configs:
-        pair = statistics.median(p[name] for p in paired)
-        vs_fixed = f"{tps[name] / tps['learner-fixed']:.2f}" if "learner-fixed" in tps else "-"
-        print(f"| {name} | {n_mb[name]} | {pad[name]:.1%} | {med[name]:.3f} | {med_cpu[name]:.2f} | {tps[name]:,.0f} | "
-              f"{statistics.median(peak[name]) / 2**20:,.0f} | {tps[name] / tps['plain']:.2f} | {pair:.2f} | {vs_fixed} |")
+        row = (f"| {name} | {n_mb[name]} | {pad[name]:.1%} | {med[name]:.3f} | {med_cpu[name]:.2f} | {tps[name]:,.0f} | "
+               f"{statistics.median(peak[name]) / 2**20:,.0f} | {tps[name] / tps['plain']:.2f} | {paired(name, 'plain'):.2f} |")
+        if best:
+            row += f" {tps[name] / tps[best]:.2f} | {paired(name, best):.2f} |"
+        lines.append(row)
+    if best and "learner" in tps:
+        others = ", ".join(f"{k} {tps[k]:,.0f}" for k in FIXED if k in tps and k != best)
+        lines += [
+            "",
+            f"Token-budget micro-batching (`learner`) against the strongest fixed-size baseline of this run, "
+            f"`{best}` (the fixed-size configuration with the highest median tokens/s: {tps[best]:,.0f}"
+            + (f"; {others}" if others else "")
+            + f"): **{tps['learner'] / tps[best]:.2f}×** tokens/s (medians), {paired('learner', best):.2f}× "
+            f"(paired); CPU time per step {med_cpu['learner']:.2f} s against {med_cpu[best]:.2f} s; padding "
+            f"{pad['learner']:.1%} against {pad[best]:.1%}.",
+        ]
+    text = "\n".join(lines)
+    print("\n" + text)
+    if args.write:
+        write_block(f"learner {' '.join(configs)} {model_name}", text, section="learner")
+        print(f"\nwritten to {RESULTS}")
 
 
 if __name__ == "__main__":

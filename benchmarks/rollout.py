@@ -18,6 +18,7 @@ replay/raw is what splitting an episode into turns costs vLLM itself, engine/rep
 engine adds on top (tool time included).
 
     .venv/bin/python benchmarks/rollout.py --model runs/tiny_calc/sft --concurrency 8 32 64 128
+    .venv/bin/python benchmarks/rollout.py --model runs/tiny_calc/sft --preload --episodes 256 --concurrency 64 --generators 1 --repeats 5 --write
 
 The model should be one that calls the tool (e.g. the SFT stage of ``recipes/tiny_calc.toml``),
 so that episodes really are multi-turn.
@@ -39,6 +40,14 @@ real execution of the row's program in the sandbox and its interpreter message r
 template. The tiny model's own Calc turns are ~12 tokens, far shorter than a code-interpreter
 model's (hundreds), so per-turn costs weigh much more than they would in a real run; the shaped
 workload measures the same machinery at a chosen turn length, with any model.
+
+The same text is printed and, with ``--write``, put in ``benchmarks/RESULTS.md`` in a marked
+block of its own (first written at the end of the "rollout" section; the prose around it is
+written by people): the exact command, the date span, the machine (CPUs, memory, load average at the end), episodes, repeats, model and the
+table of medians. The block's key is ``rollout``, the model folder's name, the sandboxes and every
+other argument not at its default (``--repeats`` aside), e.g. ``rollout sft bubblewrap arithmetic
+concurrency=64 episodes=256 generators=1 preload=none``: a rerun of the same setting replaces its
+block, another setting gets its own.
 """
 
 from __future__ import annotations
@@ -49,12 +58,13 @@ import itertools
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
-from _measure import busy_cpu_s, quantile
+from _measure import RESULTS, busy_cpu_s, quantile, run_header, write_block
 
 
 class ArithmeticSandbox:
@@ -239,7 +249,9 @@ async def _raw_pass(gens: list[Any], prompts: list[list[int]], lengths: list[int
     return time.monotonic() - t0
 
 
-async def main_async(args: argparse.Namespace) -> None:
+async def main_async(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """Run every pass ``args`` asks for. Returns one dict per pass (see :func:`format_tables` for
+    what it holds) and the (tool, stop) variants that were run."""
     from agentrl.engine.generator import EngineSettings, Generator
     from agentrl.envs.data import load_rows
     from agentrl.models.loading import load_tokenizer
@@ -296,12 +308,17 @@ async def main_async(args: argparse.Namespace) -> None:
                 await g.shutdown()
     for sandbox in sandboxes.values():
         await sandbox.aclose()
-    _print_tables(args, results, variants)
+    return results, variants
 
 
-def _print_tables(args: argparse.Namespace, results: list[dict[str, Any]], variants: list[tuple[str, str]]) -> None:
-    shape = f"shaped: {args.turns} turns of {args.turn_tokens} tokens" if args.turn_tokens else f"up to {args.turns} turns, as the model writes them"
-    print(f"\nCalc-v0 episodes ({shape}): {args.episodes} per pass, {args.repeats} repeats (median), model {args.model}\n")
+def format_tables(args: argparse.Namespace, results: list[dict[str, Any]], variants: list[tuple[str, str]]) -> str:
+    """The Markdown table of ``results``: one row per setting (OpenMP wait policy, tool, stop,
+    generators, concurrent episodes), each cell the median over the repeats of that setting.
+    ``results`` holds one dict per pass, as :func:`main_async` makes them: ``key`` (the setting),
+    ``engine`` / ``raw`` / ``replay`` (generated tokens/s of each pass), ``turns`` and ``calls``
+    (model turns and tool calls per episode, means), ``tool_p50`` / ``tool_p90`` (tool-call wall
+    time as the episode saw it, seconds), ``busy_engine`` / ``busy_raw`` (cores the whole machine
+    kept busy during the engine and raw passes). ``variants``: the (tool, stop) pairs run."""
     keys = [
         (policy, name, stop, n_gen, c)
         for policy in args.omp_wait_policy or ["inherited"] for name, stop in variants for n_gen in args.generators for c in args.concurrency
@@ -311,17 +328,58 @@ def _print_tables(args: argparse.Namespace, results: list[dict[str, Any]], varia
         policy, name, stop, n_gen, c = key
         return f"| {policy} | {name} | {stop if not args.turn_tokens else '-'} | {n_gen} | {c} |"
 
-    head = "| OpenMP wait | tool | stop | generators | concurrent episodes |"
-    print(head + " engine tok/s | raw vLLM tok/s | ratio | replay tok/s | replay/raw | engine/replay | turns/episode | tool calls/episode | tool call ms p50 / p90 | busy cores engine / raw |")
-    print("| --- " * 15 + "|")
+    lines = [
+        (
+            "| OpenMP wait | tool | stop | generators | concurrent episodes | engine tok/s | raw vLLM tok/s | ratio | "
+            "replay tok/s | replay/raw | engine/replay | turns/episode | tool calls/episode | tool call ms p50 / p90 | "
+            "busy cores engine / raw |"
+        ),
+        "| --- | --- | --- | ---: | ---: " + "| ---: " * 10 + "|",
+    ]
     for key in keys:
         rs = [r for r in results if r["key"] == key]
-        med = lambda f: statistics.median(f(r) for r in rs)  # noqa: E731
-        print(
+
+        def med(f: Callable[[dict[str, Any]], float], rs: list[dict[str, Any]] = rs) -> float:
+            return statistics.median(f(r) for r in rs)
+
+        lines.append(
             f"{label(key)} {med(lambda r: r['engine']):.0f} | {med(lambda r: r['raw']):.0f} | {med(lambda r: r['engine'] / r['raw']):.2f} | "
             f"{med(lambda r: r['replay']):.0f} | {med(lambda r: r['replay'] / r['raw']):.2f} | {med(lambda r: r['engine'] / r['replay']):.2f} | "
             f"{med(lambda r: r['turns']):.2f} | {med(lambda r: r['calls']):.2f} | {med(lambda r: r['tool_p50']) * 1e3:.0f} / {med(lambda r: r['tool_p90']) * 1e3:.0f} | {med(lambda r: r['busy_engine']):.2f} / {med(lambda r: r['busy_raw']):.2f} |"
         )
+    return "\n".join(lines)
+
+
+def format_block(args: argparse.Namespace, results: list[dict[str, Any]], variants: list[tuple[str, str]], started: float) -> str:
+    """What is printed and what ``--write`` puts in RESULTS.md: :func:`run_header` (the exact
+    command, the span from ``started``, a ``time.time()`` value, to now, and the machine), the
+    episodes' shape, episodes per pass, repeats and model, then :func:`format_tables`."""
+    shape = f"shaped: {args.turns} turns of {args.turn_tokens} tokens" if args.turn_tokens else f"up to {args.turns} turns, as the model writes them"
+    head = (
+        f"{run_header(started)}. Calc-v0 episodes ({shape}): {args.episodes} per pass, {args.repeats} repeats "
+        f"(medians), model `{args.model}`. Generated tokens/s of the engine pass, of raw vLLM asked for the same "
+        "tokens per episode in one request each, and of raw vLLM replaying the engine's own requests; every setting "
+        "preceded by an untimed warm-up."
+    )
+    return head + "\n\n" + format_tables(args, results, variants)
+
+
+_KEY_SKIP = ("model", "sandboxes", "repeats", "write")
+"""Arguments left out of :func:`block_key`: named in it anyway, or not changing what is measured."""
+
+
+def block_key(args: argparse.Namespace, ap: argparse.ArgumentParser) -> str:
+    """The RESULTS.md block this run's ``--write`` replaces: ``rollout``, the model folder's name,
+    the sandboxes, then ``name=value`` for every other argument not at its default (repeats
+    aside), so that runs of other settings get blocks of their own. No ``--`` in it: the key
+    sits inside an HTML comment."""
+    parts = ["rollout", Path(args.model).name, *args.sandboxes]
+    for name, value in sorted(vars(args).items()):
+        if name in _KEY_SKIP or value == ap.get_default(name):
+            continue
+        shown = (" ".join(map(str, value)) or "none") if isinstance(value, list) else str(value)
+        parts.append(f"{name.replace('_', '-')}={shown}")
+    return " ".join(parts)
 
 
 def main() -> None:
@@ -344,10 +402,17 @@ def main() -> None:
     ap.add_argument("--omp-wait-policy", nargs="+", default=None, choices=["PASSIVE", "ACTIVE"],
                     help="OMP_WAIT_POLICY of the engines (CPU; default: this process's environment); several: one set of engines each, passes alternate")
     ap.add_argument("--preload", nargs="*", default=None, help="modules the warm workers import (default: numpy, sympy)")
+    ap.add_argument("--write", action="store_true", help="put the command, date, machine and table in benchmarks/RESULTS.md (a block of its own)")
     args = ap.parse_args()
     if not Path(args.model).exists():
         raise SystemExit(f"{args.model}: not a folder")
-    anyio.run(main_async, args)
+    started = time.time()
+    results, variants = anyio.run(main_async, args)
+    text = format_block(args, results, variants, started)
+    print("\n" + text)
+    if args.write:
+        write_block(block_key(args, ap), text, section="rollout")
+        print(f"\nwritten to {RESULTS}")
 
 
 if __name__ == "__main__":

@@ -3,42 +3,51 @@
 Measures, in one run on this machine:
 
 * per-execution latency (median, p90, p99 over all samples of several rounds; each round's median
-  too) at concurrency 1, for trivial code and for code that imports sympy and solves an equation;
+  too) at concurrency 1, for trivial code and for code that imports sympy and solves an equation.
+  The headline is measured **back to back** (``--gap-ms 0``, the default: the next execution
+  starts as soon as the previous one returned). Beside it, in the same run and on the same
+  sandbox, a **spaced** figure: a pause of ``--spaced-gap-ms`` (10 ms) before every execution,
+  as a model turn separates an episode's tool calls. Both spacings are measured for every
+  backend *and* for the baseline, in blocks that alternate from round to round, so each ratio
+  (backend median / baseline median) compares executions under the same spacing;
 * throughput (executions per second) of trivial code at concurrency 1, 4, 16 and 64 (that many
   callers at once; a backend's pool holds at most ``--pool-cap`` workers or containers, the other
-  callers queue);
+  callers queue), with each execution's latency under that load and the machine's CPU per
+  execution;
 
 for: ``python -I -S -c`` in a fresh subprocess (the baseline: common practice, no isolation),
 bubblewrap with one container per execution, bubblewrap with warm fork-server workers, and
 ``docker exec`` into pooled containers; ``docker run`` per execution as a second baseline
 (latency only: it takes about a second). Every latency is wall clock around one ``await
-sandbox.run(...)`` as the engine sees it. Optionally (``--leak-check N``) runs N warm executions
-including timeouts and daemonizing code and counts the processes left behind.
+sandbox.run(...)`` as the engine sees it. Sample counts are equal: in a latency table every
+backend and the baseline get ``--runs`` (trivial) or ``--sympy-runs`` (sympy) measured
+executions per round and spacing; in a throughput column every backend runs ``max(--total,
+4 * concurrency)`` executions. Optionally (``--leak-check N``) runs N warm executions including
+timeouts and daemonizing code and counts the processes left behind.
 
 Usage::
 
-    .venv/bin/python benchmarks/sandbox.py --write            # ~6 min on 2 cores
-    .venv/bin/python benchmarks/sandbox.py --quick            # smoke run, ~1 min
+    .venv/bin/python benchmarks/sandbox.py --write            # the full run, ~6 min on 2 cores (est.)
+    .venv/bin/python benchmarks/sandbox.py --quick            # smoke run, under a minute
     .venv/bin/python benchmarks/sandbox.py --leak-check 10000 --write
+    .venv/bin/python benchmarks/sandbox.py --quick --backends bubblewrap-exec bubblewrap-warm  # no docker
 
-``--write`` replaces the ``## sandbox`` section of ``benchmarks/RESULTS.md`` (creating the file or
-appending the section if needed) and leaves every other section alone.
+``--write`` puts the command line, date, machine, rounds and sample counts and the tables in the
+``<!-- sandbox:begin -->`` ... ``<!-- sandbox:end -->`` block of ``benchmarks/RESULTS.md``
+(:func:`_measure.write_block`; the first time at the end of the ``## sandbox`` section); the
+prose around the block is written by people and left alone.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import platform
-import re
-import shlex
 import statistics
 import sys
 import sysconfig
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,17 +57,19 @@ import anyio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _measure import busy_cpu_s, quantile  # noqa: E402
+from _measure import RESULTS, busy_cpu_s, quantile, run_header, write_block  # noqa: E402
 from agentrl.sandbox import BubblewrapSandbox  # noqa: E402
 from agentrl.sandbox.base import _base_python  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 SITE = sysconfig.get_paths()["purelib"]
 TRIVIAL = "print(1)"
 SYMPY = "import sympy\nx = sympy.Symbol('x')\nprint(sympy.solve(x**2 - 5*x + 6, x))\n"
 EXPECTED = {"trivial": "1\n", "sympy": "[2, 3]\n"}
 WORKLOADS = {"trivial": TRIVIAL, "sympy": SYMPY}
 BACKENDS = ["subprocess", "bubblewrap-exec", "bubblewrap-warm", "docker-exec"]
+"""Backends in the throughput tables; ``subprocess`` is the baseline."""
+LATENCY_BACKENDS = [*BACKENDS, "docker-run"]
+"""Backends in the latency tables (``docker-run``, a second baseline, is too slow for throughput)."""
 LABELS = {
     "subprocess": "`python -I -S -c` subprocess (baseline)",
     "bubblewrap-exec": "bubblewrap, one container per execution",
@@ -160,28 +171,49 @@ async def run_checked(sb: Any, code: str, expected: str) -> float:
 
 @dataclass
 class Latency:
+    """Latency samples of one backend, workload and spacing: ``samples`` (seconds, every measured
+    execution of every round) and ``round_medians`` (seconds, the median of each round)."""
+
     samples: list[float] = field(default_factory=list)
     round_medians: list[float] = field(default_factory=list)
 
     def q(self, p: float) -> float:
+        """The ``p`` quantile (0..1) of the samples, seconds."""
         return quantile(self.samples, p)
 
+    @property
+    def median(self) -> float:
+        """Median of all samples, seconds."""
+        return statistics.median(self.samples)
 
-async def measure_latency(kind: str, workload: str, rounds: int, runs: int, gap_s: float = 0.0) -> Latency:
-    """``runs`` executions per round, one at a time, ``gap_s`` apart (an episode's tool calls are
-    separated by a model turn; back-to-back load is what the throughput table measures)."""
-    lat = Latency()
+
+async def measure_latency(kind: str, workload: str, rounds: int, runs: int, gaps_ms: list[float]) -> dict[float, Latency]:
+    """Latency of ``kind`` at concurrency 1 under each spacing in ``gaps_ms`` (the pause before
+    every execution, ms; 0: back to back, not even an event-loop sleep), all on one sandbox.
+
+    One unmeasured warm-up execution (page cache, first container), then ``rounds`` rounds; in
+    each round one block per spacing, the order of the blocks rotating from round to round so
+    that no spacing always comes first. A block is one unmeasured execution after the block's
+    pause (so the first measured execution also follows one at that spacing), then ``runs``
+    measured executions, each after the pause. Returns, per spacing, a :class:`Latency` of
+    exactly ``rounds * runs`` samples."""
+    lat = {g: Latency() for g in gaps_ms}
     code, expected = WORKLOADS[workload], EXPECTED[workload]
     sb = await make(kind, 1)
     try:
         await run_checked(sb, code, expected)  # warm-up: page cache, first container
-        for _ in range(rounds):
-            times = []
-            for _ in range(runs):
-                await anyio.sleep(gap_s)
-                times.append(await run_checked(sb, code, expected))
-            lat.samples += times
-            lat.round_medians.append(statistics.median(times))
+        for r in range(rounds):
+            k = r % len(gaps_ms)
+            for gap in gaps_ms[k:] + gaps_ms[:k]:
+                times = []
+                for i in range(runs + 1):
+                    if gap > 0:
+                        await anyio.sleep(gap / 1000)
+                    t = await run_checked(sb, code, expected)
+                    if i > 0:  # the first execution of a block is its lead-in, not counted
+                        times.append(t)
+                lat[gap].samples += times
+                lat[gap].round_medians.append(statistics.median(times))
     finally:
         await sb.aclose()
     return lat
@@ -197,7 +229,15 @@ class Load:
     cpu_s: float
 
 
+def throughput_runs(total: int, concurrency: int) -> int:
+    """Measured executions per throughput measurement at ``concurrency``: the same for every
+    backend, at least ``total`` and at least 4 per caller."""
+    return max(total, 4 * concurrency)
+
+
 async def measure_throughput(kind: str, concurrency: int, total: int, pool_cap: int) -> Load:
+    """``total`` executions of trivial code by ``concurrency`` callers at once, after one
+    unmeasured warm-up execution, on a pool of at most ``pool_cap`` workers or containers."""
     sb = await make(kind, min(concurrency, pool_cap))
     try:
         await run_checked(sb, TRIVIAL, "1\n")
@@ -272,54 +312,79 @@ def _comm(pid: str) -> str:
 
 
 def fmt_ms(s: float) -> str:
+    """Seconds ``s`` as milliseconds: one decimal below 100 ms, none above."""
     ms = s * 1000
     return f"{ms:.1f}" if ms < 100 else f"{ms:.0f}"
 
 
-def machine() -> str:
-    load = os.getloadavg()
-    return (
-        f"{platform.node()}: {os.cpu_count()} CPUs, Linux {platform.release()}, "
-        f"Python {platform.python_version()}, load average at start {load[0]:.1f}"
-    )
+def host() -> str:
+    """Host name, kernel and Python of this machine (bubblewrap and fork costs depend on them)."""
+    return f"{platform.node()}: Linux {platform.release()}, Python {platform.python_version()}"
 
 
-def report(args: argparse.Namespace, lat: dict[tuple[str, str], Latency],
-           thr: dict[tuple[str, int], Load], leaks: dict[str, Any] | None, started: str) -> str:
+def spacing(gap_ms: float) -> str:
+    """How far apart executions were: ``back to back`` for 0, else ``N ms apart``."""
+    return "back to back" if gap_ms == 0 else f"{gap_ms:g} ms apart"
+
+
+def gaps(args: argparse.Namespace) -> list[float]:
+    """The spacings to measure latency under, ms: the headline's ``--gap-ms`` first, then
+    ``--spaced-gap-ms`` unless it is negative or the same."""
+    spaced = args.spaced_gap_ms
+    return [args.gap_ms] + ([spaced] if spaced >= 0 and spaced != args.gap_ms else [])
+
+
+def report(args: argparse.Namespace, lat: dict[tuple[str, str, float], Latency],
+           thr: dict[tuple[str, int], Load], leaks: dict[str, Any] | None,
+           started: float, load_start: float) -> str:
+    """The results as Markdown, for the terminal and for the ``sandbox`` block of RESULTS.md.
+    ``lat`` is keyed by (backend, workload, spacing in ms), ``thr`` by (backend, concurrency)."""
+    head, *rest = gaps(args)
+    spaced = rest[0] if rest else None
+    runs = {"trivial": args.runs, "sympy": args.sympy_runs}
     lines = [
-        "## sandbox",
+        f"{run_header(started)}. Host {host()}; load average {load_start:.1f} at the start.",
         "",
-        f"Command: `{' '.join(shlex.quote(a) for a in ['.venv/bin/python', 'benchmarks/sandbox.py', *sys.argv[1:]])}`",
-        f"(`benchmarks/sandbox.py`, {time.strftime('%Y-%m-%d %H:%M')}; machine: {started}; "
-        f"load average at the end {os.getloadavg()[0]:.1f}).",
-        "",
-        "Latency of one execution at concurrency 1, wall clock around `await sandbox.run(code)` "
-        f"({args.rounds} rounds; ms), executions {args.gap_ms:g} ms apart (in an episode a model turn "
-        "separates two tool calls; back-to-back load is the throughput table's). Ratio: median "
-        "against the `python -I -S -c` baseline (< 1 is faster).",
+        "Latency of one execution at concurrency 1, wall clock around `await sandbox.run(code)`, ms. "
+        f"Headline columns: executions {spacing(head)}"
+        + (" (the next one starts as soon as the previous one returned)" if head == 0 else "")
+        + "."
+        + (f" Columns *spaced*: executions {spacing(spaced)} (in an episode a model turn separates two "
+           "tool calls), measured in the same run on the same sandbox, in blocks that alternate with the "
+           "headline's from round to round; the baseline is measured the same way, and the spaced ratio "
+           "is against the baseline's spaced median." if spaced is not None else "")
+        + f" Every backend and the baseline, the same counts: rounds {args.rounds}; measured executions "
+        f"per round and spacing {args.runs} (trivial code), {args.sympy_runs} (sympy); after one unmeasured "
+        "warm-up execution, and each block starts with one more unmeasured execution at its spacing. "
+        "Ratio: median against the `python -I -S -c` baseline (< 1 is faster).",
         "",
     ]
     for workload in WORKLOADS:
         title = "trivial code (`print(1)`)" if workload == "trivial" else (
             "sympy (`import sympy`, `solve(x**2 - 5*x + 6)`)")
-        lines += [f"**{title}**", "",
-                  "| backend | runs | median | p90 | p99 | round medians | × baseline |",
-                  "| --- | ---: | ---: | ---: | ---: | --- | ---: |"]
-        base = lat.get(("subprocess", workload))
-        for kind in [*BACKENDS, "docker-run"]:
-            entry = lat.get((kind, workload))
+        cols = ["backend", "samples", "median", "p90", "p99", "round medians", "× baseline"]
+        align = ["---", "---:", "---:", "---:", "---:", "---", "---:"]
+        if spaced is not None:
+            cols += [f"spaced {spaced:g} ms: median", "spaced: p90", "spaced: × baseline (spaced)"]
+            align += ["---:", "---:", "---:"]
+        lines += [f"**{title}**, {args.rounds} × {runs[workload]} executions per backend and spacing", "",
+                  "| " + " | ".join(cols) + " |", "| " + " | ".join(align) + " |"]
+        for kind in LATENCY_BACKENDS:
+            entry = lat.get((kind, workload, head))
             if entry is None:
                 continue
-            med = statistics.median(entry.samples)
-            ratio = f"{med / statistics.median(base.samples):.2f}" if base else "—"
-            rounds = ", ".join(fmt_ms(m) for m in entry.round_medians)
-            lines.append(
-                f"| {LABELS[kind]} | {len(entry.samples)} | {fmt_ms(med)} | {fmt_ms(entry.q(0.9))} | "
-                f"{fmt_ms(entry.q(0.99))} | {rounds} | {ratio} |"
-            )
+            base = lat.get(("subprocess", workload, head))
+            cells = [LABELS[kind], str(len(entry.samples)), fmt_ms(entry.median), fmt_ms(entry.q(0.9)),
+                     fmt_ms(entry.q(0.99)), ", ".join(fmt_ms(m) for m in entry.round_medians),
+                     f"{entry.median / base.median:.2f}" if base else "—"]
+            if spaced is not None:
+                sp, sp_base = lat[(kind, workload, spaced)], lat.get(("subprocess", workload, spaced))
+                cells += [fmt_ms(sp.median), fmt_ms(sp.q(0.9)), f"{sp.median / sp_base.median:.2f}" if sp_base else "—"]
+            lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     if thr:
         concs = sorted({c for _, c in thr})
+        kinds = [k for k in BACKENDS if any((k, c) in thr for c in concs)]
 
         def rate(kind: str, v: Load, c: int) -> str:
             b = thr.get(("subprocess", c))
@@ -331,9 +396,12 @@ def report(args: argparse.Namespace, lat: dict[tuple[str, str], Latency],
         def cpu(kind: str, v: Load, c: int) -> str:
             return f"{v.cpu_s * 1000:.1f}"
 
+        counts = ", ".join(f"c={c}: {throughput_runs(args.total, c)}" for c in concs)
         for title, cell in (
             (f"Throughput of trivial code (executions/s) with that many callers at once; pools hold "
-             f"at most {args.pool_cap} workers or containers; in brackets: × baseline.", rate),
+             f"at most {args.pool_cap} workers or containers; in brackets: × baseline. Every backend "
+             f"and the baseline run the same number of measured executions ({counts}), after one "
+             "unmeasured warm-up execution.", rate),
             ("Latency of each of those executions (ms, p50 / p99), under that load: a caller "
              "waits for a free worker, and on 2 cores for the CPU the others use.", latency),
             ("CPU the whole machine spent per execution in those runs (ms; /proc/stat, every "
@@ -346,22 +414,29 @@ def report(args: argparse.Namespace, lat: dict[tuple[str, str], Latency],
                 "| backend | " + " | ".join(f"c={c}" for c in concs) + " |",
                 "| --- | " + " | ".join("---:" for _ in concs) + " |",
             ]
-            for kind in BACKENDS:
+            for kind in kinds:
                 cells = ["—" if thr.get((kind, c)) is None else cell(kind, thr[(kind, c)], c) for c in concs]
                 lines.append(f"| {LABELS[kind]} | " + " | ".join(cells) + " |")
             lines.append("")
     targets = []
-    warm_trivial = lat.get(("bubblewrap-warm", "trivial"))
+    warm_trivial = lat.get(("bubblewrap-warm", "trivial", head))
     if warm_trivial:
-        p50 = statistics.median(warm_trivial.samples) * 1000
-        targets.append(f"trivial code p50 ≤ 5 ms on warm bubblewrap: {p50:.1f} ms "
+        p50 = warm_trivial.median * 1000
+        sp = lat.get(("bubblewrap-warm", "trivial", spaced)) if spaced is not None else None
+        targets.append(f"trivial code p50 ≤ 5 ms on warm bubblewrap: {p50:.1f} ms {spacing(head)} "
                        f"({'met' if p50 <= 5 else 'not met'}; fastest execution "
-                       f"{min(warm_trivial.samples) * 1000:.1f} ms)")
-    warm_sympy, base_sympy = lat.get(("bubblewrap-warm", "sympy")), lat.get(("subprocess", "sympy"))
+                       f"{min(warm_trivial.samples) * 1000:.1f} ms)"
+                       + (f", {sp.median * 1000:.1f} ms {spacing(spaced)}" if sp and spaced is not None else ""))
+    warm_sympy, base_sympy = lat.get(("bubblewrap-warm", "sympy", head)), lat.get(("subprocess", "sympy", head))
     if warm_sympy and base_sympy:
-        x = statistics.median(base_sympy.samples) / statistics.median(warm_sympy.samples)
-        targets.append(f"sympy ≥ 20× faster than a fresh interpreter: {x:.0f}× "
-                       f"({'met' if x >= 20 else 'not met'})")
+        x = base_sympy.median / warm_sympy.median
+        text = (f"sympy ≥ 20× faster than a fresh interpreter: {x:.0f}× {spacing(head)} "
+                f"({'met' if x >= 20 else 'not met'})")
+        if spaced is not None:
+            ws, bs = lat.get(("bubblewrap-warm", "sympy", spaced)), lat.get(("subprocess", "sympy", spaced))
+            if ws and bs:
+                text += f", {bs.median / ws.median:.0f}× {spacing(spaced)}"
+        targets.append(text)
     if leaks:
         targets.append(f"{leaks['executions']} executions including timeouts leave zero processes: "
                        f"{leaks['left']} left ({'met' if leaks['left'] == 0 else 'not met'})")
@@ -384,78 +459,71 @@ def report(args: argparse.Namespace, lat: dict[tuple[str, str], Latency],
         "are reused by later executions once its init has reset it (everything killed, fresh "
         "/tmp, /dev/shm and IPC namespace): no namespaces or init to create and tear down per execution. "
         "`docker exec` pays runc's process start plus a fresh interpreter per execution.",
-        "",
     ]
     return "\n".join(lines)
 
 
-def write_section(text: str) -> None:
-    """Replace the ``## sandbox`` section of RESULTS.md (or append it); keep everything else."""
-    old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\n"
-    pattern = re.compile(r"^## sandbox\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(old):
-        new = pattern.sub(lambda _: text.rstrip("\n") + "\n\n", old, count=1)
-    else:
-        new = old.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n"
-    RESULTS.write_text(new.rstrip("\n") + "\n")
-
-
 async def main(args: argparse.Namespace) -> None:
-    started = machine()
-    print(started, flush=True)
-    lat: dict[tuple[str, str], Latency] = {}
+    started, load_start = time.time(), os.getloadavg()[0]
+    print(f"{host()}; load average {load_start:.1f}", flush=True)
+    spacings = gaps(args)
+    runs = {"trivial": args.runs, "sympy": args.sympy_runs}
+    lat: dict[tuple[str, str, float], Latency] = {}
     thr: dict[tuple[str, int], Load] = {}
-    plan: list[tuple[str, Callable[[], Awaitable[Any]]]] = []
     for workload in WORKLOADS:
-        for kind in [*BACKENDS, "docker-run"]:
-            fast = kind == "bubblewrap-warm" or workload == "trivial" and kind != "docker-run"
-            runs = args.runs if fast else max(3, args.runs // 6)
-            if kind == "docker-run":
-                runs = max(2, args.runs // 10)
-            plan.append((f"latency {workload:8s} {kind}",
-                         functools.partial(measure_latency, kind, workload, args.rounds, runs, args.gap_ms / 1000)))
+        for kind in [k for k in LATENCY_BACKENDS if k in args.backends]:
+            t0 = time.perf_counter()
+            by_gap = await measure_latency(kind, workload, args.rounds, runs[workload], spacings)
+            for gap, value in by_gap.items():
+                lat[(kind, workload, gap)] = value
+            print(f"latency {workload:8s} {kind}: " + "; ".join(
+                f"{spacing(g)}: median {fmt_ms(v.median)} ms p90 {fmt_ms(v.q(0.9))} ms ({len(v.samples)} samples)"
+                for g, v in by_gap.items()) + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
     for c in args.concurrency:
-        for kind in BACKENDS:
-            per_c = max(args.total, 4 * c) if kind != "bubblewrap-warm" else max(3 * args.total, 8 * c)
-            plan.append((f"throughput c={c:<3d} {kind}",
-                         functools.partial(measure_throughput, kind, c, per_c, args.pool_cap)))
-    for label, job in plan:
-        t0 = time.perf_counter()
-        value = await job()
-        kind_key = label.split()[2]
-        if label.startswith("latency"):
-            lat[(kind_key, label.split()[1])] = value
-            print(f"{label}: median {fmt_ms(statistics.median(value.samples))} ms "
-                  f"p90 {fmt_ms(value.q(0.9))} ms ({time.perf_counter() - t0:.0f} s)", flush=True)
-        else:
-            thr[(kind_key, int(label.split()[1][2:]))] = value
-            print(f"{label}: {value.rate:.1f}/s, p50 {fmt_ms(value.latencies.q(0.5))} ms, "
-                  f"p99 {fmt_ms(value.latencies.q(0.99))} ms ({time.perf_counter() - t0:.0f} s)", flush=True)
+        for kind in [k for k in BACKENDS if k in args.backends]:
+            t0 = time.perf_counter()
+            value = await measure_throughput(kind, c, throughput_runs(args.total, c), args.pool_cap)
+            thr[(kind, c)] = value
+            print(f"throughput c={c:<3d} {kind}: {value.rate:.1f}/s, p50 {fmt_ms(value.latencies.q(0.5))} ms, "
+                  f"p99 {fmt_ms(value.latencies.q(0.99))} ms, {len(value.latencies.samples)} executions "
+                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
     leaks = await leak_check(args.leak_check) if args.leak_check else None
     if leaks:
         print(f"leak check: {leaks}", flush=True)
-    text = report(args, lat, thr, leaks, started)
+    text = report(args, lat, thr, leaks, started, load_start)
     print("\n" + text)
     if args.write:
-        write_section(text)
-        print(f"wrote the '## sandbox' section of {RESULTS}")
+        write_block("sandbox", text, section="sandbox")
+        print(f"\nwritten to the sandbox block of {RESULTS}")
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3, help="latency rounds per backend and workload")
-    p.add_argument("--gap-ms", type=float, default=10.0, help="pause between latency executions, ms (0: back to back)")
-    p.add_argument("--runs", type=int, default=40, help="executions per latency round (fast backends)")
+    p.add_argument("--gap-ms", type=float, default=0.0,
+                   help="pause before every execution in the headline latency table, ms (default 0: back to back)")
+    p.add_argument("--spaced-gap-ms", type=float, default=10.0,
+                   help="pause for the spaced latency columns, measured in the same run for every backend and "
+                        "the baseline, ms (negative, or equal to --gap-ms: no spaced columns)")
+    p.add_argument("--runs", type=int, default=40,
+                   help="measured executions of trivial code per latency round and spacing, every backend")
+    p.add_argument("--sympy-runs", type=int, default=12,
+                   help="measured executions of the sympy code per latency round and spacing, every backend")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
-    p.add_argument("--total", type=int, default=60, help="executions per throughput measurement")
+    p.add_argument("--total", type=int, default=120,
+                   help="executions per throughput measurement, every backend (at least 4 per caller)")
     p.add_argument("--pool-cap", type=int, default=16, help="most workers/containers per pool")
+    p.add_argument("--backends", nargs="+", default=LATENCY_BACKENDS, choices=LATENCY_BACKENDS,
+                   help="backends to measure (the subprocess baseline is always measured)")
     p.add_argument("--leak-check", type=int, default=0, metavar="N",
                    help="also run N warm executions and count leftovers")
     p.add_argument("--quick", action="store_true", help="small numbers, for a smoke run")
-    p.add_argument("--write", action="store_true", help="write the results into benchmarks/RESULTS.md")
+    p.add_argument("--write", action="store_true",
+                   help="put the command, machine and tables in the sandbox block of benchmarks/RESULTS.md")
     args = p.parse_args()
+    args.backends = [k for k in LATENCY_BACKENDS if k in args.backends or k == "subprocess"]
     if args.quick:
-        args.rounds, args.runs, args.total, args.concurrency = 1, 6, 12, [1, 4]
+        args.rounds, args.runs, args.sympy_runs, args.total, args.concurrency = 1, 6, 2, 12, [1, 4]
     return args
 
 

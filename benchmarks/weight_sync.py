@@ -25,14 +25,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from _measure import RESULTS, machine, write_block
+from _measure import RESULTS, run_header, write_block
 
 
 def _medium(tiny: str, out: Path) -> str:
@@ -99,8 +98,7 @@ async def main_async(args: argparse.Namespace) -> None:
             models["medium"] = _medium(args.model, scratch / "medium")
         results = {name: await _measure(models[name], args.repeats, scratch / name / "versions") for name in args.sizes}
     lines = [
-        f"Command: `.venv/bin/python benchmarks/weight_sync.py {' '.join(sys.argv[1:])}` "
-        f"({time.strftime('%Y-%m-%d %H:%M')}; {machine()}). One vLLM engine (CPU); one warm-up update each way, "
+        f"{run_header()}. One vLLM engine (CPU); one warm-up update each way, "
         f"then {args.repeats} each way, alternating; medians, seconds. The gloo group is formed once per "
         "engine (its rendezvous is its own column, not in the totals).",
         "",

@@ -30,7 +30,7 @@ def test_shipped_recipes_exist():
 def test_defaults(tmp_path):
     r = load_recipe(write(tmp_path, MINIMAL))
     assert r.mode == "async" and r.sandbox.type == "bubblewrap" and r.env.id == "agentrl/Calc-v0"
-    assert r.resolved_run_dir() == Path("runs/run")
+    assert r.resolved_run_dir() == Path("runs/run").absolute()
 
 
 def test_overrides(tmp_path):

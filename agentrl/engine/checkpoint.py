@@ -115,7 +115,8 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
     The folder (``model.safetensors``, ``config.json`` and the tokenizer when the checkpoint
     holds one) loads with transformers and vLLM, like a published weight version; it is
     written atomically. Runs in one process, whatever the number of ranks that wrote the
-    checkpoint. ``checkpoint_dir`` is a learner checkpoint or a run checkpoint folder holding one
+    checkpoint, in the run's training dtype (``model.dtype``; the float32 master weights of a
+    bfloat16 run are exported as bfloat16). ``checkpoint_dir`` is a learner checkpoint or a run checkpoint folder holding one
     in ``learner/``. Raises :class:`LearnerError` if it is neither.
     """
     from transformers import AutoConfig, AutoTokenizer
@@ -125,7 +126,7 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
     folder = Path(checkpoint_dir)
     if not (folder / "trainer_state.json").is_file() and (folder / "learner" / "trainer_state.json").is_file():
         folder = folder / "learner"  # a run's checkpoint (checkpoints/step_N) holds the learner's in learner/
-    read_trainer_state(folder)
+    trainer_state = read_trainer_state(folder)
     hf = folder / "hf"
     try:
         config = AutoConfig.from_pretrained(hf)
@@ -151,4 +152,5 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
         raise
     except Exception as exc:
         raise LearnerError(f"{folder}: cannot read the distributed checkpoint: {exc}") from exc
-    return write_hf_folder(tensors, config, Path(out_dir), tokenizer, generation_config)
+    dtype = getattr(torch, trainer_state["dtype"]) if "dtype" in trainer_state else None  # older checkpoints: as stored
+    return write_hf_folder(tensors, config, Path(out_dir), tokenizer, generation_config, dtype)

@@ -13,7 +13,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
@@ -21,10 +20,21 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import Recipe
+from agentrl.engine.audit import episodes_audit_path, learner_audit_path
 from agentrl.engine.metrics import MetricsLogger
-from agentrl.engine.run_state import RunState, latest_checkpoint, prune_checkpoints, read_state, truncate_logs, write_checkpoint_state
+from agentrl.engine.placement import LearnerPlacement, learner_bundles
+from agentrl.engine.run_state import (
+    RunState,
+    latest_checkpoint,
+    link_tree,
+    prune_checkpoints,
+    read_state,
+    truncate_logs,
+    write_checkpoint_state,
+)
 from agentrl.engine.staleness import StalenessQueue
 from agentrl.engine.trajectory import Trajectory
+from agentrl.engine.waits import timed
 from agentrl.errors import AgentRLError, GeneratorError, InfraError, LearnerError, TimeoutError_, WeightSyncError
 
 __all__ = ["Controller", "RunSummary", "prepare_model"]
@@ -55,26 +65,12 @@ class RunSummary:
     times (counted since the process started)."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def _timed(aw: Any, timeout: float, what: str, error: type[AgentRLError] = TimeoutError_) -> Any:
-    """Await ``aw`` for at most ``timeout`` seconds; a timeout raises ``error`` naming ``what``."""
-    try:
-        return await asyncio.wait_for(aw, timeout)
-    except asyncio.TimeoutError:
-        raise error(f"{what} did not finish within {timeout:.0f} s") from None
-
-
 def prepare_model(recipe: Recipe, rows: list[dict[str, Any]], log: MetricsLogger | None = None) -> str:
     """Return the model to load; first build a tiny one (``[model] build``) or import a GGUF one
     (``[model] import``) there when the recipe asks and ``model.path`` is missing or empty."""
-    path = Path(recipe.model.path)
+    path = Path(recipe.model.path).absolute()  # actors on other nodes do not share our working directory
     if (recipe.model.build is None and recipe.model.import_ is None) or (path.exists() and any(path.iterdir())):
-        return recipe.model.path
+        return str(path) if path.is_dir() else recipe.model.path  # else a hub id
     if recipe.model.import_ is not None:
         from agentrl.models.importing import import_model
 
@@ -107,6 +103,7 @@ class Controller:
         self.transfer_active = False
         """Versions go to the generators over the weight-transfer group (else through disk)."""
         self._heal_lock = asyncio.Lock()
+        self._learner_placement: LearnerPlacement | None = None
 
     # ------------------------------------------------------------------ set-up
     def _start_ray(self) -> bool:
@@ -159,13 +156,17 @@ class Controller:
         if total_steps is None and rl:
             total_steps = lcfg.max_steps * a.updates_per_batch
         schedule = (lr_schedule or lcfg.lr_schedule) if total_steps is not None else "constant"
-        port = _free_port()
+        self._release_learner_placement()
+        self._learner_placement = LearnerPlacement(
+            learner_bundles(lcfg.num_ranks, lcfg.num_cpus, lcfg.num_gpus, lcfg.resources), r.learner.placement_timeout_s
+        )
+        address, port = self._learner_placement.rendezvous(r.learner.placement_timeout_s)
         learner_cls = ray.remote(Learner)
         return [
-            learner_cls.options(num_cpus=lcfg.num_cpus, num_gpus=lcfg.num_gpus, runtime_env={"env_vars": env_vars}).remote(
+            learner_cls.options(**self._learner_placement.options(rank), runtime_env={"env_vars": env_vars}).remote(
                 rank=rank,
                 world_size=lcfg.num_ranks,
-                master_addr="127.0.0.1",
+                master_addr=address,
                 master_port=port,
                 model=model,
                 dtype=r.model.dtype,
@@ -192,6 +193,8 @@ class Controller:
                 torch_threads=torch_threads if torch_threads is not None else lcfg.torch_threads,
                 timeout_s=lcfg.timeout_s,
                 seed=r.seed,
+                audit_path=str(learner_audit_path(self.run_dir)),
+                temperature=r.rollout.temperature if rl else 1.0,
             )
             for rank in range(lcfg.num_ranks)
         ]
@@ -249,14 +252,14 @@ class Controller:
             on_disk, weights = self._newest_on_disk(version)
             if on_disk < version and self.learners and g.weight_sync != "disk":
                 # versions were broadcast, not written: write the learner's current one now
-                written = await _timed(
+                written = await timed(
                     asyncio.gather(*[lr.publish_version.remote(str(self.run_dir / "weights")) for lr in self.learners]),
                     self.recipe.learner.timeout_s, "publishing the current version for a replaced generator", LearnerError,
                 )
                 on_disk, weights = written[0], self.run_dir / "weights" / f"v{written[0]:06d}"
             settings = replace(self._engine_settings, model=str(weights) if weights is not None else self._engine_settings.model)
             new = self._new_generator(settings, on_disk, i)
-            await _timed(new.start.remote(), g.startup_timeout_s, f"restarting generator {i}", GeneratorError)
+            await timed(new.start.remote(), g.startup_timeout_s, f"restarting generator {i}", GeneratorError)
             self.generators[i] = new
             replaced += 1
             log.event(f"generator {i} restarted at version {on_disk} ({reason})", generator_restarts=1)
@@ -281,8 +284,8 @@ class Controller:
             return
         path = str(self.run_dir / "weights" / f"v{version:06d}")
         if not Path(path).exists():  # broadcast, not written: write it now for the newcomers
-            await _timed(asyncio.gather(*[lr.publish.remote(path, serving_dtype=True) for lr in self.learners]), self.recipe.learner.timeout_s, f"publishing version {version}", LearnerError)
-        outcomes = await _timed(
+            await timed(asyncio.gather(*[lr.publish.remote(path, serving_dtype=True) for lr in self.learners]), self.recipe.learner.timeout_s, f"publishing version {version}", LearnerError)
+        outcomes = await timed(
             asyncio.gather(*[g.update_weights.remote(version, path) for g in fresh], return_exceptions=True),
             self.recipe.generator.timeout_s + 30,
             f"loading version {version} into replaced generators",
@@ -315,7 +318,13 @@ class Controller:
             cpu_threads_bind=g.cpu_threads_bind,
             seed=r.seed,
             weight_transfer=None if g.weight_sync == "disk" else g.weight_sync,
-            extra={"tensor_parallel_size": g.tensor_parallel_size} if g.tensor_parallel_size > 1 else {},
+            recompute_kv_on_update=g.recompute_kv_on_update,
+            # tensor parallelism inside the actor: vLLM's workers are processes that see the
+            # actor's GPUs (the Ray executor would ask Ray for GPUs the actor already holds)
+            extra={
+                **({"tensor_parallel_size": g.tensor_parallel_size, "distributed_executor_backend": "mp"} if g.tensor_parallel_size > 1 else {}),
+                **{k: v for k, v in (("max_num_seqs", g.max_num_seqs), ("max_num_batched_tokens", g.max_num_batched_tokens)) if v is not None},
+            },
         )
         self._engine_settings, self._env_vars = settings, env_vars
         count = len(g.urls) if g.backend == "http" else g.num_generators
@@ -323,12 +332,12 @@ class Controller:
         lcfg = r.learner
         self.learners = self._learner_actors(model, env_vars=env_vars) if with_learners else []
         gen_info, learner_info = await asyncio.gather(
-            _timed(asyncio.gather(*[a.start.remote() for a in self.generators]), g.startup_timeout_s, "generator start-up", GeneratorError),
-            _timed(asyncio.gather(*[a.setup.remote() for a in self.learners]), lcfg.timeout_s, "learner set-up", LearnerError),
+            timed(asyncio.gather(*[a.start.remote() for a in self.generators]), g.startup_timeout_s, "generator start-up", GeneratorError),
+            timed(asyncio.gather(*[a.setup.remote() for a in self.learners]), lcfg.timeout_s, "learner set-up", LearnerError),
         )
         log.event(f"generators ready: {gen_info}", generators=gen_info)
         if with_learners:
-            log.event(f"learner ready: {learner_info}")
+            log.event(f"learner ready: {learner_info}", learners=learner_info)
         ro = r.rollout
         sampling = {"temperature": ro.temperature, "top_p": ro.top_p, "stop": list(ro.stop)}
         worker_cls = ray.remote(RolloutWorker)
@@ -351,12 +360,14 @@ class Controller:
                 max_concurrent_episodes=ro.max_concurrent_episodes,
                 generate_timeout_s=g.timeout_s,
                 seed=r.seed,
+                audit_path=str(episodes_audit_path(self.run_dir)),
+                seed_sampling=ro.seed_sampling,
             )
             for _ in range(ro.num_workers)
         ]
         # a worker that cannot start (bad env, tokenizer, sandbox) is a clear error now, not a
         # stream of lost groups later
-        await _timed(asyncio.gather(*[w.ping.remote() for w in self.workers]), 300, "rollout worker start-up")
+        await timed(asyncio.gather(*[w.ping.remote() for w in self.workers]), 300, "rollout worker start-up")
 
     # ------------------------------------------------------------------ one step
     def _batch_samples(self, batch: list[list[Trajectory]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -387,6 +398,7 @@ class Controller:
                 "behaviour_logprobs": kept[i].behaviour_logprobs,
                 "advantage": adv,
                 "versions": kept[i].versions,
+                "id": kept[i].sample_id,
             }
             for i, adv in zip(idx, advs)
         ]
@@ -418,7 +430,7 @@ class Controller:
         hist = Counter(str(version - (t.oldest_version if t.oldest_version is not None else version)) for t in flat)
         samples, stats = self._batch_samples(batch)
         t0 = time.monotonic()
-        results = await _timed(
+        results = await timed(
             asyncio.gather(*[lr.train_step.remote(samples) for lr in self.learners]),
             r.learner.timeout_s,
             f"learner step {version + 1}",
@@ -427,7 +439,7 @@ class Controller:
         train_s = time.monotonic() - t0
         new_version = version + 1
         stalls, learner_busy_s = await self._sync_weights(new_version, t0)
-        self._prune_versions(new_version)
+        await asyncio.to_thread(self._prune_versions, new_version)
         m = results[0]
         examples = [
             {"group_id": t.group_id, "reward": t.reward, "status": t.status, "text": t.info.get("text", "")}
@@ -452,7 +464,7 @@ class Controller:
         r = self.recipe
         if self.transfer_active:
             try:
-                took = await _timed(
+                took = await timed(
                     asyncio.gather(*[lr.send_weights.remote(new_version) for lr in self.learners]),
                     r.generator.weight_sync_timeout_s + 30,
                     f"broadcasting version {new_version}",
@@ -464,8 +476,8 @@ class Controller:
                 self.transfer_active = False
                 self.log.event(f"weight sync over {r.generator.weight_sync} failed, versions go through disk from now on: {exc}", weight_sync_fallbacks=1)
         path = self.run_dir / "weights" / f"v{new_version:06d}"
-        await _timed(
-            asyncio.gather(*[lr.publish.remote(str(path)) for lr in self.learners]),
+        await timed(
+            asyncio.gather(*[lr.publish.remote(str(path), serving_dtype=True) for lr in self.learners]),
             r.learner.timeout_s,
             f"publishing version {new_version}",
             LearnerError,
@@ -473,7 +485,7 @@ class Controller:
         self.published_version = new_version
         learner_busy_s = time.monotonic() - t0  # training + writing the version
         targets = list(self.generators)
-        outcomes = await _timed(
+        outcomes = await timed(
             asyncio.gather(*[g.update_weights.remote(new_version, str(path)) for g in targets], return_exceptions=True),
             r.generator.timeout_s + 30,
             f"loading version {new_version} into the generators",
@@ -496,8 +508,8 @@ class Controller:
             return
         world = 1 + len(self.generators) * g.tensor_parallel_size
         try:
-            address, port = await _timed(self.learners[0].weight_transfer_endpoint.remote(), 60, "choosing the weight-transfer endpoint", WeightSyncError)
-            await _timed(
+            address, port = await timed(self.learners[0].weight_transfer_endpoint.remote(), 60, "choosing the weight-transfer endpoint", WeightSyncError)
+            await timed(
                 asyncio.gather(*[
                     lr.connect_weight_transfer.remote(g.weight_sync, address, port, world, self.generators, g.weight_sync_timeout_s, self.recipe.model.dtype)
                     for lr in self.learners
@@ -582,11 +594,11 @@ class Controller:
                 if idx == cursor:
                     cursor += 1
                 row = rows[idx % len(rows)]
-                gid = f"p{idx}"
+                gid = f"p{idx}-{attempts[idx]}" if attempts[idx] else f"p{idx}"  # a retry is a new group
                 worker = self.workers[wi % len(self.workers)]
                 wi += 1
                 fut = asyncio.ensure_future(
-                    _timed(worker.run_group.remote(row, idx, gid, r.rollout.group_size), r.rollout.episode_timeout_s, f"group {gid}")
+                    timed(worker.run_group.remote(row, idx, gid, r.rollout.group_size), r.rollout.episode_timeout_s, f"group {gid}")
                 )
                 pending[fut] = (idx, gid)
                 queue.mark_started()
@@ -681,8 +693,8 @@ class Controller:
             fut.cancel()
         await self._log_utilisation(log, time.monotonic() - t_start, learner_busy)
         final = self.run_dir / "final"
-        await _timed(
-            asyncio.gather(*[lr.publish.remote(str(final), True) for lr in self.learners]),
+        await timed(
+            asyncio.gather(*[lr.publish.remote(str(final), with_tokenizer=True, serving_dtype=True) for lr in self.learners]),
             r.learner.timeout_s,
             "writing the final checkpoint",
             LearnerError,
@@ -735,7 +747,7 @@ class Controller:
                 log.event(f"resuming from {ckpt} (step {state.version}, {len(state.reissue)} prompts re-issued)", step=state.version)
             await self._start_actors(model, log, with_learners=r.mode != "eval", version=state.version if state else 0)
             if ckpt is not None:
-                await _timed(
+                await timed(
                     asyncio.gather(*[lr.load_checkpoint.remote(str(ckpt / "learner")) for lr in self.learners]),
                     r.learner.timeout_s, "loading the learner checkpoint", LearnerError,
                 )
@@ -787,18 +799,26 @@ class Controller:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         t0 = time.monotonic()
-        await _timed(
+        await timed(
             asyncio.gather(*[lr.save_checkpoint.remote(str(tmp / "learner")) for lr in self.learners]),
             r.learner.timeout_s, f"saving learner checkpoint {state.version}", LearnerError,
         )
-        shutil.copytree(self.run_dir / "weights" / f"v{state.version:06d}", tmp / "weights")
+        published = self.run_dir / "weights" / f"v{state.version:06d}"
+        if published.exists():  # hard links: no copy, and pruning the version later keeps them
+            await asyncio.to_thread(link_tree, published, tmp / "weights")
+        else:  # a collective weight sync wrote no folder for this version: the learner writes one
+            await timed(
+                asyncio.gather(*[lr.publish.remote(str(tmp / "weights"), serving_dtype=True) for lr in self.learners]),
+                r.learner.timeout_s, f"writing the weights of checkpoint {state.version}", LearnerError,
+            )
         from agentrl.models.loading import load_tokenizer
 
-        load_tokenizer(self.tokenizer_source or str(tmp / "weights")).save_pretrained(tmp / "weights")  # self-contained
+        if not (tmp / "weights" / "tokenizer_config.json").exists():  # never write into a linked file
+            load_tokenizer(self.tokenizer_source or str(tmp / "weights")).save_pretrained(tmp / "weights")  # self-contained
         write_checkpoint_state(tmp, state)
-        shutil.rmtree(final, ignore_errors=True)
+        await asyncio.to_thread(shutil.rmtree, final, True)
         os.replace(tmp, final)
-        prune_checkpoints(self.run_dir, r.checkpoint.keep)
+        await asyncio.to_thread(prune_checkpoints, self.run_dir, r.checkpoint.keep)
         log.event(f"checkpoint {final.name} ({time.monotonic() - t0:.1f} s)", step=state.version)
         return final
 
@@ -826,14 +846,14 @@ class Controller:
             for_rl=False, total_steps=cfg.steps, lr_schedule=cfg.lr_schedule,
         )
         self.learners = learners  # shut down with the rest on failure
-        await _timed(asyncio.gather(*[a.setup.remote() for a in learners]), r.learner.timeout_s, "SFT learner set-up", LearnerError)
+        await timed(asyncio.gather(*[a.setup.remote() for a in learners]), r.learner.timeout_s, "SFT learner set-up", LearnerError)
         log.event(f"SFT: {cfg.steps} steps x {cfg.batch_size} of {len(samples)} conversations from {cfg.source}")
         rng = random.Random(r.seed)
         t0 = time.monotonic()
         tokens = 0.0
         for step in range(1, cfg.steps + 1):
             batch = rng.sample(samples, min(cfg.batch_size, len(samples)))
-            res = await _timed(asyncio.gather(*[a.sft_step.remote(batch) for a in learners]), r.learner.timeout_s, f"SFT step {step}", LearnerError)
+            res = await timed(asyncio.gather(*[a.sft_step.remote(batch) for a in learners]), r.learner.timeout_s, f"SFT step {step}", LearnerError)
             tokens += res[0]["trained_tokens"]
             if step % 25 == 0 or step == cfg.steps:
                 m = res[0]
@@ -842,11 +862,12 @@ class Controller:
                     f"sft {step:>5}/{cfg.steps}  loss {m['sft_loss']:.4f}  lr {m['lr']:.2e}  "
                     f"{tokens / max(1e-9, time.monotonic() - t0):.0f} trained tok/s  t={rec['time']:.0f}s"
                 )
-        await _timed(asyncio.gather(*[a.publish.remote(str(out), True) for a in learners]), r.learner.timeout_s, "writing the SFT model", LearnerError)
+        await timed(asyncio.gather(*[a.publish.remote(str(out), True) for a in learners]), r.learner.timeout_s, "writing the SFT model", LearnerError)
         await asyncio.gather(*[a.shutdown.remote() for a in learners], return_exceptions=True)
         for a in learners:
             ray.kill(a, no_restart=True)
         self.learners = []
+        self._release_learner_placement()
         log.event(f"SFT done in {time.monotonic() - t0:.0f} s: {out}")
         return str(out)
 
@@ -903,6 +924,13 @@ class Controller:
                 pass
         for a in [*self.workers, *self.generators, *self.learners]:
             ray.kill(a, no_restart=True)
+        self._release_learner_placement()
+
+    def _release_learner_placement(self) -> None:
+        """Free the learner ranks' reserved resources (after their actors are gone)."""
+        if self._learner_placement is not None:
+            self._learner_placement.release()
+            self._learner_placement = None
 
     def run(self) -> RunSummary:
         """Run the recipe to the end and return its summary."""

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrl.engine.placement import current_node_id
 from agentrl.engine.vllm_worker import RETIE_METHOD, WORKER_EXTENSION
 from agentrl.errors import GeneratorError, ModelError
 
@@ -56,6 +57,12 @@ class EngineSettings:
     weight_transfer: str | None = None
     """Collective weight-sync backend (``nccl`` or ``gloo``, see
     :mod:`agentrl.engine.weight_transfer`); None = versions are loaded from disk only."""
+    recompute_kv_on_update: bool = True
+    """At each weight update, drop the KV cache: requests in flight re-prefill their context
+    with the new weights, so every token labelled with a version was sampled by exactly those
+    weights (over a context encoded by them). False keeps the cache: no re-prefill, but tokens
+    after an update are sampled by the new weights over a context encoded by the old ones (their
+    behaviour log-probs stay exact; their version label is then approximate)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Further ``AsyncEngineArgs`` keyword arguments, passed through."""
 
@@ -183,6 +190,9 @@ def engine_kwargs(s: EngineSettings, on_gpu: bool) -> dict[str, Any]:
     if s.weight_transfer is not None:
         kwargs["weight_transfer_config"] = {"backend": s.weight_transfer}
     kwargs["worker_extension_cls"] = WORKER_EXTENSION  # agentrl's worker methods (tied embeddings)
+    # the log-probs of the distribution tokens are sampled from (after temperature and
+    # top-k/top-p), not of the raw logits: the behaviour policy of the importance weights
+    kwargs["logprobs_mode"] = "processed_logprobs"
     return {**kwargs, **s.extra}
 
 
@@ -230,13 +240,9 @@ class Generator(GeneratorCounters):
         await self.engine.update_weight_version(str(self.version))
         self._tied = bool(getattr(self.engine.model_config.hf_text_config, "tie_word_embeddings", False))
         info: dict[str, Any] = {"startup_s": time.monotonic() - t0, "device": "cuda" if on_gpu else "cpu", "pid": os.getpid()}
-        try:
-            import ray
-
-            if ray.is_initialized():
-                info["node_id"] = ray.get_runtime_context().get_node_id()
-        except ImportError:  # pragma: no cover
-            pass
+        node = current_node_id()
+        if node is not None:
+            info["node_id"] = node
         return info
 
     async def generate(self, prompt_token_ids: list[int], sampling: dict[str, Any]) -> Generation:
@@ -296,7 +302,7 @@ class Generator(GeneratorCounters):
         t0 = time.monotonic()
 
         async def swap() -> None:
-            await self.engine.pause_generation(mode="keep", clear_cache=True)
+            await self.engine.pause_generation(mode="keep", clear_cache=self.settings.recompute_kv_on_update)
             try:
                 await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": path})
                 if self._tied:
@@ -346,7 +352,7 @@ class Generator(GeneratorCounters):
     async def begin_weight_update(self) -> None:
         """Pause generation (mode ``keep``: requests stay in the engine) and open an update."""
         self._update_t0 = time.monotonic()
-        await self._bounded(self.engine.pause_generation(mode="keep", clear_cache=True), "pausing for a weight update")
+        await self._bounded(self.engine.pause_generation(mode="keep", clear_cache=self.settings.recompute_kv_on_update), "pausing for a weight update")
         try:
             await self._bounded(self.engine.start_weight_update(), "starting a weight update")
         except BaseException:

@@ -30,11 +30,12 @@ def write_hf_folder(
     Tied output embeddings (``config.tie_word_embeddings``) are written once, as transformers
     and vLLM expect. ``dtype`` (when given) casts floating-point tensors and the config's
     ``dtype`` to it: a bfloat16 run publishes bfloat16 versions (half the bytes of the float32
-    master weights; vLLM would round them to bfloat16 on load anyway). ``generation_config``
-    (when given) is written too: instruct models keep
-    their end-of-turn EOS ids there (Qwen2.5's ``<|im_end|>`` is not ``config.eos_token_id``),
-    and a server without it would not stop at the end of a turn. Readers never see a
-    half-written folder.
+    master weights; vLLM would round them to bfloat16 on load anyway). The config always says
+    ``use_cache: true``: the learner turns the KV cache off for training, a user's ``generate``
+    wants it. ``generation_config`` (when given) is written too: instruct models keep their
+    end-of-turn EOS ids there (Qwen2.5's ``<|im_end|>`` is not ``config.eos_token_id``), and a
+    server without it would not stop at the end of a turn. Readers never see a half-written
+    folder.
     """
     from safetensors.torch import save_file
 
@@ -44,11 +45,12 @@ def write_hf_folder(
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     tensors = {
-        k: (v.detach().to("cpu", dtype if dtype is not None and v.is_floating_point() else v.dtype)).contiguous().clone()
+        k: v.detach().to("cpu", dtype if dtype is not None and v.is_floating_point() else v.dtype).contiguous()
         for k, v in state_dict.items()
-    }
+    }  # no copy for tensors already on the CPU in that dtype (the learner's gathered state dict)
+    config = copy.deepcopy(config)
+    config.use_cache = True  # an inference setting: the learner trains with the KV cache off
     if dtype is not None:
-        config = copy.deepcopy(config)
         config.dtype = dtype
     if getattr(config, "tie_word_embeddings", False):
         tensors.pop("lm_head.weight", None)

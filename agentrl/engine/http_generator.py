@@ -9,9 +9,12 @@ the in-process generator uses the engine: ``/pause?mode=keep`` → ``/collective
 ``reload_weights`` → ``/update_weight_version`` → ``/resume``, so requests in flight survive.
 
 The server must be started with both switches, and must see the run directory's ``weights/``
-folder at the same path (a shared filesystem)::
+folder at the same path (a shared filesystem). ``--logprobs-mode processed_logprobs`` makes its
+log-probs those of the distribution it samples from (after temperature), which the learner
+computes too; without it they are of the raw logits, and importance weights at a temperature
+other than 1 compare different distributions::
 
-    VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --enable-scale-out --max-model-len 4096
+    VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --enable-scale-out --logprobs-mode processed_logprobs --max-model-len 4096
 
 A model with tied input/output embeddings (SmolLM2, Qwen2.5 up to 3B...) also needs agentrl's
 worker methods in the server (agentrl installed there), or a reloaded version would keep its old

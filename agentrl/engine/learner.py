@@ -45,7 +45,10 @@ import torch
 import torch.distributed as dist
 
 from agentrl.algos import STAT_KEYS, ObjectiveSettings, policy_loss
+from agentrl.engine.audit import AuditLog, prompt_sha1
+from agentrl.engine.devices import assigned_cuda_index, process_group_backend
 from agentrl.engine.hf_folder import write_hf_folder
+from agentrl.engine.placement import current_node_id
 from agentrl.errors import LearnerError
 
 __all__ = ["Learner", "lr_multiplier", "plan_microbatches", "token_logprobs", "write_hf_folder"]
@@ -236,6 +239,8 @@ class Learner:
         torch_threads: int = 1,
         timeout_s: float = 900.0,
         seed: int = 0,
+        audit_path: str | None = None,
+        temperature: float = 1.0,
     ) -> None:
         """``objective`` defaults to :class:`ObjectiveSettings` with ``clip_low``/``clip_high``.
         ``total_steps`` counts optimizer updates (``max_steps * updates_per_batch``).
@@ -244,13 +249,20 @@ class Learner:
         ``recompute`` always, ``detached`` never. ``reference_model`` (default: ``model``) is
         loaded only when ``objective.kl_coef > 0``. ``tokenizer`` (default: ``model``) is the
         folder or hub id whose tokenizer goes into published folders and checkpoints: on a
-        resume ``model`` is a checkpoint that may be pruned later, the tokenizer source is not."""
+        resume ``model`` is a checkpoint that may be pruned later, the tokenizer source is not.
+        ``audit_path``: rank 0 appends one record per RL step to this append-only file (see
+        :mod:`agentrl.engine.audit`): the samples it trained on, by ``id`` (an optional sample
+        key) and prompt digest. ``temperature``: the generators' sampling temperature; the policy's
+        (and the reference's) log-probs are those of the logits divided by it, the distribution
+        the behaviour log-probs come from."""
         if lr_schedule not in LR_SCHEDULES:
             raise LearnerError(f"lr_schedule must be one of {LR_SCHEDULES}, got {lr_schedule!r}")
         if lr_schedule != "constant" and not total_steps:
             raise LearnerError(f"lr_schedule {lr_schedule!r} needs total_steps")
         if proximal not in ("auto", "recompute", "detached"):
             raise LearnerError(f"proximal must be auto, recompute or detached, got {proximal!r}")
+        if not temperature > 0:
+            raise LearnerError(f"temperature must be positive (the rollout's sampling temperature), got {temperature}")
         if updates_per_batch < 1 or micro_batch_tokens < 1 or logprob_chunk_tokens < 1:
             raise LearnerError("updates_per_batch, micro_batch_tokens and logprob_chunk_tokens must be >= 1")
         self.rank, self.world_size = rank, world_size
@@ -270,6 +282,12 @@ class Learner:
         self.reference_name = reference_model or model
         self.tokenizer_name = tokenizer or model
         self.torch_threads, self.timeout_s, self.seed = torch_threads, timeout_s, seed
+        self.audit = AuditLog(audit_path, fsync=True) if audit_path and rank == 0 else None
+        self._transfer: Any = None
+        """The weight-transfer engine (vLLM's trainer side) once connected; None otherwise."""
+        self._transfer_client: Any = None
+        self._transfer_timeout_s = 0.0
+        self.temperature = temperature
         self.step = 0
         """Completed ``train_step``/``sft_step`` calls: the weight version this rank holds."""
         self.updates = 0
@@ -290,10 +308,10 @@ class Learner:
         on_gpu = torch.cuda.is_available()
         if not on_gpu:
             torch.set_num_threads(self.torch_threads)
-        backend = "nccl" if on_gpu else "gloo"
+        backend = process_group_backend(on_gpu)
+        self.device = torch.device("cuda", assigned_cuda_index()) if on_gpu else torch.device("cpu")
         if on_gpu:
-            torch.cuda.set_device(0)
-        self.device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
+            torch.cuda.set_device(self.device)
         try:
             dist.init_process_group(
                 backend,
@@ -312,7 +330,7 @@ class Learner:
             lm = load_causal_lm(name, dtype=dtype)
             lm.to(self.device)
             lm.config.use_cache = False
-            policy = PolicyModel(lm)
+            policy = PolicyModel(lm, self.temperature)
             diff = policy.check_against_full_logits(int(lm.config.vocab_size))
             if diff > (1e-3 if dtype == torch.float32 else 5e-2):  # half precision: matmul tiling differs
                 raise LearnerError(
@@ -350,6 +368,8 @@ class Learner:
             "backend": backend,
             "parameters": n_params,
             "pid": os.getpid(),
+            "node_id": current_node_id(),
+            "rendezvous": f"{self.master_addr}:{self.master_port}",
             "mixed_precision": str(self.dtype) if mixed else "off",
             "reference_model": self.reference is not None,
             "objective": self.objective.as_dict(),
@@ -486,6 +506,14 @@ class Learner:
             grad_norm, finite = self._optimizer_update()
             skipped += int(not finite)
         self.step += 1
+        if self.audit is not None:
+            self.audit.append({
+                "step": self.step,
+                "samples": [
+                    {"id": s.get("id"), "prompt_sha1": prompt_sha1(s["tokens"], s["loss_mask"]), "tokens": len(s["tokens"])}
+                    for s in samples
+                ],
+            })
         if self.world_size > 1:
             dist.all_reduce(acc)
         tok = max(1.0, acc[at["tokens"]].item())
@@ -577,20 +605,51 @@ class Learner:
         return [mine[i] for i in range(len(samples))]
 
     # ------------------------------------------------------------------ weights
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
+    def full_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """Gather the unsharded parameters (a collective: call on every rank); CPU tensors on rank 0,
-        an empty dict elsewhere. Keys are the Hugging Face model's own."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        an empty dict elsewhere. Keys are the Hugging Face model's own; parameters shared under
+        two names (tied embeddings) are one tensor under both.
+
+        ``dtype`` casts floating-point tensors as each is gathered, on the device, before it
+        reaches host memory: rank 0 then holds the model once, in ``dtype`` (a bfloat16 version
+        of a 7B model: 15 GB, not 30 GB of float32 and a bfloat16 copy beside it). The tensors
+        are new: they never alias the live parameters."""
+        from torch.distributed.tensor import DTensor
 
         self._require_setup()
-        return get_model_state_dict(self.policy.lm, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        out: dict[str, torch.Tensor] = {}
+        # state_dict() detaches, so tied names give two objects: the parameters say which names
+        # are one tensor (the same answer on every rank, as the collectives need)
+        param_of = {n: id(p) for n, p in self.policy.lm.named_parameters(remove_duplicate=False)}
+        first_name: dict[int, str] = {}
+        for name, value in self.policy.lm.state_dict().items():
+            key = param_of.get(name)
+            if key is not None and key in first_name:  # the same parameter under a second name
+                if self.rank == 0:
+                    out[name] = out[first_name[key]]
+                continue
+            if key is not None:
+                first_name[key] = name
+            local = value.to_local() if isinstance(value, DTensor) else value
+            full = value.full_tensor() if isinstance(value, DTensor) else value  # collective for sharded ones
+            if self.rank != 0:
+                continue
+            t = full.detach()
+            if dtype is not None and t.is_floating_point():
+                t = t.to(dtype)
+            t = t.cpu()
+            if t.data_ptr() == local.data_ptr():  # one unsharded rank: nothing was copied yet
+                t = t.clone()
+            out[name] = t
+        return out
 
     def publish(self, out_dir: str, with_tokenizer: bool = False, serving_dtype: bool = False) -> str | None:
         """Write the current weights as a Hugging Face folder at ``out_dir`` (collective; rank 0
         writes, atomically). ``serving_dtype``: in the generators' dtype (the recipe's
         ``model.dtype``) rather than the float32 master weights, for weight versions only the
         generators read. Returns the path on rank 0, ``None`` elsewhere."""
-        sd = self.full_state_dict()
+        dtype = self.dtype if serving_dtype else None
+        sd = self.full_state_dict(dtype)
         if self.rank != 0:
             return None
         tokenizer = None
@@ -598,7 +657,6 @@ class Learner:
             from agentrl.models.loading import load_tokenizer
 
             tokenizer = load_tokenizer(self.tokenizer_name)
-        dtype = self.dtype if serving_dtype else None
         return str(write_hf_folder(sd, self.config, Path(out_dir), tokenizer, self.generation_config, dtype))
 
     def publish_version(self, weights_dir: str) -> int:
@@ -623,6 +681,9 @@ class Learner:
         from agentrl.errors import WeightSyncError
 
         self._require_setup()
+        # a whole update may take several collective timeouts (one per packed chunk), plus the
+        # generators' own calls: the watchdog's bound is generous, but finite
+        self._transfer_timeout_s = 4 * timeout_s
         self._transfer_client = GeneratorClient(generators, timeout_s) if self.rank == 0 else None
         try:
             self._transfer = trainer_connect(
@@ -638,15 +699,25 @@ class Learner:
     def send_weights(self, version: int) -> float:
         """Broadcast the current parameters to the generators as ``version`` (collective over
         the learner ranks). Returns the seconds it took."""
+        from agentrl.engine.weight_transfer import run_bounded
         from agentrl.errors import WeightSyncError
 
-        if getattr(self, "_transfer", None) is None:
+        if self._transfer is None:
             raise WeightSyncError("no weight-transfer group: call connect_weight_transfer first")
         t0 = time.monotonic()
         if self._transfer_client is not None:
             self._transfer_client.version = version
+        transfer = self._transfer
+
+        def send() -> None:
+            if self.device.type == "cuda":  # the device is per thread
+                torch.cuda.set_device(self.device)
+            transfer.send_weights()
+
         try:
-            self._transfer.send_weights()
+            # the generators' own calls are bounded by the client; the broadcast (NCCL has no
+            # timeout) by this watchdog, which aborts the group when it runs out
+            run_bounded(send, self._transfer_timeout_s, transfer.shutdown, f"rank {self.rank}: sending version {version}")
         except WeightSyncError:
             self._transfer = None
             raise
@@ -693,6 +764,7 @@ class Learner:
                     "has_optimizer_state": has_optim,
                     "world_size": self.world_size,
                     "model": self.model_name,
+                    "dtype": str(self.dtype).removeprefix("torch."),
                     "objective": self.objective.as_dict(),
                 })
                 self.config.save_pretrained(tmp / "hf")

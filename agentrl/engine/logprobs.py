@@ -39,6 +39,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         targets: torch.Tensor,
         chunk: int,
         with_entropy: bool,
+        scale: float,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n = hidden.shape[0]
         lp = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -46,14 +47,14 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         ent = torch.zeros(n if with_entropy else 0, dtype=torch.float32, device=hidden.device)
         for s in range(0, n, chunk):
             e = min(n, s + chunk)
-            z = _logits(hidden[s:e], weight, bias)
+            z = _logits(hidden[s:e], weight, bias, scale)
             lse[s:e] = torch.logsumexp(z, dim=-1)
             lp[s:e] = z.gather(-1, targets[s:e, None]).squeeze(-1) - lse[s:e]
             if with_entropy:
                 p = torch.exp(z - lse[s:e, None])
                 ent[s:e] = lse[s:e] - (p * z).sum(-1)
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
-        ctx.chunk = chunk
+        ctx.chunk, ctx.scale = chunk, scale
         ctx.mark_non_differentiable(ent)
         return lp, ent
 
@@ -68,9 +69,11 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         for s in range(0, n, chunk):
             e = min(n, s + chunk)
             g = grad_lp[s:e].float()
-            z = _logits(hidden[s:e], weight, bias)
+            z = _logits(hidden[s:e], weight, bias, ctx.scale)
             gz = torch.exp(z - lse[s:e, None]).mul_(-g[:, None])  # -g * softmax(z)
             gz.scatter_add_(-1, targets[s:e, None], g[:, None])  # + g * onehot(y)
+            if ctx.scale != 1.0:
+                gz.mul_(ctx.scale)  # z = scale * (W h + b)
             if grad_h is not None:
                 grad_h[s:e] = (gz.to(weight.dtype) @ weight).to(hidden.dtype)
             if grad_w is not None:
@@ -84,15 +87,18 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
-def _logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``z = h W^T (+ b)`` in the parameters' dtype, returned in float32 (as transformers does)."""
+def _logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, scale: float = 1.0) -> torch.Tensor:
+    """``z = scale * (h W^T (+ b))``: the projection in the parameters' dtype, returned in
+    float32 (as transformers does), then scaled (``1 / temperature``)."""
     z = h.to(weight.dtype) @ weight.t()
     if bias is not None:
         z = z + bias
-    return z.float()
+    z = z.float()
+    return z * scale if scale != 1.0 else z
 
 
 def chunked_token_logprobs(
@@ -103,16 +109,22 @@ def chunked_token_logprobs(
     bias: torch.Tensor | None = None,
     chunk_tokens: int = 1024,
     with_entropy: bool = False,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``log softmax(W h_t + b)[y_t]`` for each row ``t`` of ``hidden[N, H]``, in float32.
+    """``log softmax((W h_t + b) / temperature)[y_t]`` for each row ``t`` of ``hidden[N, H]``, in float32.
 
     ``weight`` is the output projection ``[V, H]``, ``targets`` the chosen tokens ``[N]``.
+    ``temperature`` (> 0) is the sampling temperature: the log-probs are those of the
+    distribution the tokens were sampled from, as vLLM reports them with
+    ``logprobs_mode = "processed_logprobs"`` (and the entropy is that distribution's).
     At most ``chunk_tokens`` rows of logits exist at once, in the forward and in the backward
     pass. Returns ``(logprobs[N], entropy[N] or None)``; only the log-probs carry gradients.
     """
     if chunk_tokens <= 0:
         raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
-    lp, ent = _ChunkedTokenLogprobs.apply(hidden, weight, bias, targets, int(chunk_tokens), bool(with_entropy))
+    if not temperature > 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    lp, ent = _ChunkedTokenLogprobs.apply(hidden, weight, bias, targets, int(chunk_tokens), bool(with_entropy), 1.0 / float(temperature))
     return lp, (ent if with_entropy else None)
 
 
@@ -125,9 +137,11 @@ class PolicyModel(torch.nn.Module):
     are not supported: :meth:`check_against_full_logits` detects them.
     """
 
-    def __init__(self, lm: torch.nn.Module) -> None:
+    def __init__(self, lm: torch.nn.Module, temperature: float = 1.0) -> None:
         super().__init__()
         self.lm = lm
+        self.temperature = temperature
+        """Sampling temperature the log-probs are computed at (see :func:`chunked_token_logprobs`)."""
 
     def forward(
         self,
@@ -147,7 +161,8 @@ class PolicyModel(torch.nn.Module):
         h = hidden[:, :-1][select]
         targets = input_ids[:, 1:][select]
         return chunked_token_logprobs(
-            h, head.weight, targets, bias=getattr(head, "bias", None), chunk_tokens=chunk_tokens, with_entropy=with_entropy
+            h, head.weight, targets, bias=getattr(head, "bias", None), chunk_tokens=chunk_tokens, with_entropy=with_entropy,
+            temperature=self.temperature,
         )
 
     @torch.no_grad()
@@ -160,6 +175,6 @@ class PolicyModel(torch.nn.Module):
         attn = torch.ones_like(ids)
         select = torch.ones(1, length - 1, dtype=torch.bool, device=device)
         lp, _ = self.forward(ids, attn, select)
-        ref = torch.log_softmax(self.lm(input_ids=ids, attention_mask=attn).logits.float(), -1)[0, :-1]
+        ref = torch.log_softmax(self.lm(input_ids=ids, attention_mask=attn).logits.float() / self.temperature, -1)[0, :-1]
         ref = ref.gather(-1, ids[0, 1:, None]).squeeze(-1)
         return float((lp - ref).abs().max())

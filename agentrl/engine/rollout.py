@@ -15,6 +15,7 @@ from typing import Any
 
 import anyio
 
+from agentrl.engine.audit import AuditLog
 from agentrl.engine.generator import Generation
 from agentrl.engine.render import IncrementalRenderer, TemplateMismatch
 from agentrl.engine.stops import with_stop_token_ids
@@ -54,11 +55,14 @@ async def play_episode(
     max_episode_tokens: int,
     max_turns: int = 64,
     single_token_stops: bool = True,
+    seed_sampling: bool = True,
 ) -> Trajectory:
     """Play one episode and return its trajectory.
 
     ``sampling`` holds ``SamplingParams`` arguments shared by all turns (temperature, stop...);
-    ``max_tokens`` and ``seed`` are set per turn; stop strings that are single tokens are also
+    ``max_tokens`` is set per turn, and with ``seed_sampling`` a ``seed`` per turn
+    (:func:`episode_seed`: reproducible episodes; vLLM then samples those requests on its slower
+    per-request path); stop strings that are single tokens are also
     passed as stop token ids (:mod:`agentrl.engine.stops`; ``single_token_stops=False`` leaves
     them to vLLM's front end alone, for benchmarks that compare the two). The episode ends when the environment
     terminates or truncates it, when the token budget is spent (status ``overflow``) or when the
@@ -93,7 +97,9 @@ async def play_episode(
             if budget <= 0:
                 status = "overflow"
                 break
-            params = dict(sampling, max_tokens=budget, seed=episode_seed(seed, prompt_index, sample_index, turns))
+            params = dict(sampling, max_tokens=budget)
+            if seed_sampling:
+                params["seed"] = episode_seed(seed, prompt_index, sample_index, turns)
             gen = await generate(list(tokens), params)
             turns += 1
             extend(gen.token_ids, 1, gen.logprobs, gen.versions)
@@ -169,7 +175,12 @@ class RolloutWorker:
         max_concurrent_episodes: int,
         generate_timeout_s: float,
         seed: int,
+        audit_path: str | None = None,
+        seed_sampling: bool = True,
     ) -> None:
+        """``audit_path``: append one record per finished episode to this append-only file (see
+        :mod:`agentrl.engine.audit`); None writes none. ``seed_sampling``: seed every turn's
+        sampling (see :func:`play_episode`)."""
         from agentrl.models.loading import load_tokenizer
 
         self.tokenizer = load_tokenizer(model)
@@ -189,6 +200,8 @@ class RolloutWorker:
         self.limiter = anyio.CapacityLimiter(max_concurrent_episodes)
         self.generate_timeout_s = generate_timeout_s
         self.seed = seed
+        self.seed_sampling = seed_sampling
+        self.audit = AuditLog(audit_path) if audit_path else None
 
     def ping(self) -> bool:
         """True once the worker is constructed (the controller's start-up check)."""
@@ -267,9 +280,12 @@ class RolloutWorker:
                         sampling=params,
                         max_new_tokens=self.max_new_tokens,
                         max_episode_tokens=self.max_episode_tokens,
+                        seed_sampling=self.seed_sampling,
                     )
                 finally:
                     await env.unwrapped.aclose()
+                if self.audit is not None:
+                    self._audit(results[i])
 
         try:
             async with anyio.create_task_group() as tg:
@@ -278,6 +294,19 @@ class RolloutWorker:
         finally:
             self.outstanding[gen_index] -= reserve
         return [r for r in results if r is not None]
+
+    def _audit(self, t: Trajectory | None) -> None:
+        if t is None:
+            return
+        made = [v for v in t.versions if v >= 0]
+        self.audit.append({  # type: ignore[union-attr]
+            "id": t.sample_id,
+            "prompt": t.prompt_index,
+            "status": t.status,
+            "reward": t.reward,
+            "generated": t.num_generated,
+            "versions": [min(made), max(made)] if made else None,
+        })
 
     async def shutdown(self) -> None:
         """Close the sandbox."""

@@ -28,7 +28,16 @@ from typing import Any
 from agentrl.engine.staleness import QueueStats
 from agentrl.engine.trajectory import Trajectory
 
-__all__ = ["RunState", "checkpoint_root", "latest_checkpoint", "write_checkpoint_state", "read_state", "prune_checkpoints", "truncate_logs"]
+__all__ = [
+    "RunState",
+    "checkpoint_root",
+    "latest_checkpoint",
+    "link_tree",
+    "write_checkpoint_state",
+    "read_state",
+    "prune_checkpoints",
+    "truncate_logs",
+]
 
 STATE_FILE = "state.pkl"
 
@@ -85,6 +94,20 @@ def read_state(folder: Path) -> RunState:
     """Load the controller state of a checkpoint."""
     with (Path(folder) / STATE_FILE).open("rb") as f:
         return pickle.load(f)
+
+
+def link_tree(src: Path, dst: Path) -> None:
+    """Copy the folder ``src`` to ``dst`` as hard links (no data copied; deleting ``src`` later
+    leaves ``dst`` whole), falling back to a real copy per file where linking fails (another
+    filesystem). Published folders are never modified in place, so sharing their files is safe."""
+
+    def link_or_copy(a: str, b: str) -> None:
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+
+    shutil.copytree(src, dst, copy_function=link_or_copy)
 
 
 def prune_checkpoints(run_dir: Path, keep: int) -> None:

@@ -56,6 +56,11 @@ class Trajectory:
         return self.status in TRAINABLE_STATUSES
 
     @property
+    def sample_id(self) -> str:
+        """``"<group_id>/<sample_index>"``: names this episode in logs and audit records."""
+        return f"{self.group_id}/{self.sample_index}"
+
+    @property
     def num_generated(self) -> int:
         """Tokens the model wrote."""
         return sum(self.loss_mask)

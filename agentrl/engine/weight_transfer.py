@@ -33,6 +33,8 @@ __all__ = [
     "LocalGeneratorClient",
     "model_source",
     "free_endpoint",
+    "rank_offsets",
+    "run_bounded",
     "register",
     "trainer_connect",
 ]
@@ -78,6 +80,58 @@ def model_source(module: torch.nn.Module, wire_dtype: torch.dtype) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
+def run_bounded(fn: Any, timeout_s: float, abort: Any, what: str) -> Any:
+    """Run ``fn()`` in a helper thread and return its result, waiting at most ``timeout_s``.
+
+    NCCL collectives have no timeout of their own: a broadcast whose peer died blocks forever.
+    On timeout ``abort()`` is called (it should tear the communicator down, e.g. vLLM's
+    ``PyNcclCommunicator.destroy`` aborts it, which releases the blocked call) and
+    :class:`~agentrl.errors.WeightSyncError` is raised naming ``what``; an exception of ``fn``
+    is raised here unchanged.
+    """
+    import threading
+
+    from agentrl.errors import WeightSyncError
+
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"bounded: {what}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        try:
+            abort()
+        finally:
+            thread.join(5.0)  # an abort that worked lets the call return; never wait for it long
+        raise WeightSyncError(f"{what} did not finish within {timeout_s:.0f} s; the transfer group was aborted")
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
+
+
+def rank_offsets(world_size: int, generators: int) -> list[int]:
+    """The first rank of each generator's vLLM workers in a weight-transfer group of
+    ``world_size`` ranks: rank 0 is the trainer, then ``(world_size - 1) / generators`` ranks
+    (the tensor-parallel size) per generator, so generator ``i`` starts at ``1 + i * tp``.
+
+    Raises:
+        WeightSyncError: the workers do not divide evenly among the generators.
+    """
+    from agentrl.errors import WeightSyncError
+
+    workers = world_size - 1
+    if generators < 1 or workers < generators or workers % generators:
+        raise WeightSyncError(f"a weight-transfer group of {world_size} ranks cannot hold the trainer and {generators} equal generators")
+    per = workers // generators
+    return [1 + i * per for i in range(generators)]
+
+
 class GeneratorClient:
     """vLLM's ``VLLMWeightSyncClient`` protocol over agentrl generator actors (Ray handles).
 
@@ -90,12 +144,15 @@ class GeneratorClient:
         self.timeout_s = timeout_s
         self.version: int | None = None
 
-    def _all(self, method: str, *args: Any) -> list[Any]:
+    def _all(self, method: str, *args: Any, per_generator: list[tuple[Any, ...]] | None = None) -> list[Any]:
+        """Call ``method`` on every generator with ``args`` (or generator ``i`` with
+        ``per_generator[i]``) and wait for all of them."""
         import ray
 
         from agentrl.errors import WeightSyncError
 
-        refs = [getattr(g, method).remote(*args) for g in self.generators]
+        arglists = per_generator if per_generator is not None else [args] * len(self.generators)
+        refs = [getattr(g, method).remote(*a) for g, a in zip(self.generators, arglists)]
         try:
             return ray.get(refs, timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError:
@@ -104,7 +161,10 @@ class GeneratorClient:
             raise WeightSyncError(f"generator {method} failed: {type(exc).__name__}: {exc}") from exc
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self._all("init_weight_transfer", init_info)
+        """Each generator joins with its own ``rank_offset`` (:func:`rank_offsets`): the group's
+        ranks are the trainer's 0, then every generator's vLLM workers in turn."""
+        offsets = rank_offsets(int(init_info["world_size"]), len(self.generators))
+        self._all("init_weight_transfer", per_generator=[({**init_info, "rank_offset": o},) for o in offsets])
 
     def shutdown_weight_transfer_engine(self) -> None:
         self._all("shutdown_weight_transfer")
@@ -130,11 +190,13 @@ class LocalGeneratorClient(GeneratorClient):
         super().__init__([generator], timeout_s)
         self.loop = loop
 
-    def _all(self, method: str, *args: Any) -> list[Any]:
+    def _all(self, method: str, *args: Any, per_generator: list[tuple[Any, ...]] | None = None) -> list[Any]:
         import asyncio
 
         from agentrl.errors import WeightSyncError
 
+        if per_generator is not None:
+            (args,) = per_generator
         future = asyncio.run_coroutine_threadsafe(getattr(self.generators[0], method)(*args), self.loop)
         try:
             return [future.result(self.timeout_s)]

@@ -6,6 +6,8 @@ import subprocess
 
 import pytest
 
+from agentrl.engine.audit import episodes_audit_path, learner_audit_path, read_audit
+
 from tests.e2e.helpers import REPO, train_cmd
 
 SMALL_RUN = (
@@ -48,6 +50,14 @@ def test_train_tiny_calc_end_to_end(tmp_path, tiny_calc_model):
     assert any("generator 0 restarted at version 1" in e for e in events), events
     published = sorted(p.name for p in (run_dir / "weights").iterdir())
     assert len(published) >= 2
+    # the episodes the dead generator broke are kept out of the loss: the rollout workers
+    # recorded them as infrastructure failures, and the learner's own audit never trained them
+    episodes = read_audit(episodes_audit_path(run_dir))
+    lost = {e["id"] for e in episodes if e["status"] == "infra_failure"}
+    trained = [s["id"] for rec in read_audit(learner_audit_path(run_dir)) for s in rec["samples"]]
+    assert lost, "the generator died with no episode in flight: nothing shows lost episodes kept out"
+    assert trained and not lost & set(trained), sorted(lost & set(trained))
+    assert set(trained) <= {e["id"] for e in episodes if e["status"] != "infra_failure"}
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -91,3 +101,46 @@ def test_gloo_weight_sync_and_its_fallback_to_disk(tmp_path, tiny_calc_model):
     assert restarts and min(restarts) >= 3, events
     assert (run_dir / "weights" / "v000005").is_dir()
     assert (run_dir / "final" / "config.json").is_file()
+
+
+@pytest.mark.e2e
+@pytest.mark.vllm
+def test_gloo_weight_sync_with_two_generators_checkpoints_and_resumes(tmp_path, tiny_calc_model):
+    """Two generators join one gloo group (each with its own ranks), a checkpoint is written
+    although no version folder exists (the learner writes the checkpoint's weights), and a
+    second invocation resumes from it and goes on over gloo."""
+    run_dir = tmp_path / "run"
+
+    def run(max_steps: int) -> tuple[subprocess.CompletedProcess, list[dict]]:
+        cmd = train_cmd(
+            run_dir, tiny_calc_model,
+            "generator.weight_sync='gloo'",
+            "generator.weight_sync_timeout_s=60",
+            "generator.num_generators=2",
+            "generator.kv_cache_gib=0.5",
+            "checkpoint.every_steps=2",
+            f"learner.max_steps={max_steps}",
+            *SMALL_RUN,
+        )
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env={**os.environ, "RAY_DEDUP_LOGS": "0"})
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+        return proc, [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+    def over_gloo_only(records: list[dict], invocations: int) -> None:
+        events = [r["message"] for r in records if r["kind"] == "event"]
+        joined = [e for e in events if e.startswith("weight sync: gloo broadcast from learner rank 0 to 2 generator workers")]
+        assert len(joined) == invocations, events
+        assert not any(r.get("weight_sync_fallbacks") for r in records), events  # never fell back to disk
+
+    _, records = run(3)
+    assert [r["version"] for r in records if r["kind"] == "step"] == [1, 2, 3]
+    over_gloo_only(records, 1)
+    assert max(r["max_token_version"] for r in records if r["kind"] == "step") >= 1
+    assert not (run_dir / "weights" / "v000002").exists()  # versions travelled over gloo only
+    weights = run_dir / "checkpoints" / "step_000002" / "weights"
+    assert (weights / "model.safetensors").is_file() and (weights / "tokenizer_config.json").is_file()
+
+    proc, records = run(5)
+    assert "resuming from" in proc.stderr
+    assert [r["version"] for r in records if r["kind"] == "step"] == [1, 2, 3, 4, 5]
+    over_gloo_only(records, 2)

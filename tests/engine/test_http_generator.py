@@ -120,7 +120,7 @@ def vllm_server(tiny_calc_model, tmp_path_factory):
     """`vllm serve` of the tiny model with the RL and token-in/token-out endpoints on."""
     log_path = tmp_path_factory.mktemp("vllm-serve") / "server.log"
     with serve(
-        tiny_calc_model, log_path, "--max-model-len", "512", "--enable-scale-out", "--seed", "0",
+        tiny_calc_model, log_path, "--max-model-len", "512", "--enable-scale-out", "--logprobs-mode", "processed_logprobs", "--seed", "0",
         "--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096",
         env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_LOGGING_LEVEL": "WARNING"},
     ) as url:

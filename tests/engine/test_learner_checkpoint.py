@@ -112,3 +112,26 @@ def test_generation_config_travels_with_every_written_model(tiny_calc_model, tmp
     for folder in (published, exported):
         gen = GenerationConfig.from_pretrained(folder)
         assert gen.eos_token_id == eos and gen.temperature == 0.7, folder
+
+
+def test_exported_models_carry_inference_settings_and_the_training_dtype(tiny_calc_model, tmp_path):
+    """The learner trains with ``use_cache`` off and float32 master weights; what leaves the run
+    (the final folder, a checkpoint's export) is for inference: cache on, the recipe's dtype."""
+    import json
+
+    from safetensors import safe_open
+
+    learner = make_learner(str(tiny_calc_model), dtype="bfloat16")
+    try:
+        learner.train_step(make_samples(2, seed=3))
+        final = learner.publish(str(tmp_path / "final"), with_tokenizer=True, serving_dtype=True)
+        learner.save_checkpoint(str(tmp_path / "ckpt"))
+    finally:
+        learner.shutdown()
+    exported = export_checkpoint(tmp_path / "ckpt", tmp_path / "export")
+    for folder in (final, exported):
+        config = json.loads((tmp_path / folder / "config.json").read_text())
+        assert config["use_cache"] is True and config["dtype"] == "bfloat16", (folder, config)
+        with safe_open(str(tmp_path / folder / "model.safetensors"), "pt") as f:
+            assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}, folder
+        assert AutoModelForCausalLM.from_pretrained(folder).dtype == torch.bfloat16

@@ -58,14 +58,15 @@ def test_token_logprobs_matches_log_softmax():
     assert torch.allclose(token_logprobs(logits, targets), expected, atol=1e-6)
 
 
-def test_chunked_logprobs_entropy_and_gradients_match_full_logits():
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.6])
+def test_chunked_logprobs_entropy_and_gradients_match_full_logits(temperature):
     torch.manual_seed(0)
     h = torch.randn(13, 8, requires_grad=True)
     w = torch.randn(37, 8, requires_grad=True)
     b = torch.randn(37, requires_grad=True)
     t = torch.randint(0, 37, (13,))
-    lp, ent = chunked_token_logprobs(h, w, t, bias=b, chunk_tokens=4, with_entropy=True)
-    z = h @ w.T + b
+    lp, ent = chunked_token_logprobs(h, w, t, bias=b, chunk_tokens=4, with_entropy=True, temperature=temperature)
+    z = (h @ w.T + b) / temperature  # the distribution sampled at this temperature
     ref = torch.log_softmax(z, -1).gather(-1, t[:, None]).squeeze(-1)
     ref_ent = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
     assert torch.allclose(lp, ref, atol=1e-5) and torch.allclose(ent, ref_ent, atol=1e-5)
@@ -74,6 +75,11 @@ def test_chunked_logprobs_entropy_and_gradients_match_full_logits():
     want = torch.autograd.grad((ref * g).sum(), (h, w, b))
     for a, e in zip(got, want):
         assert torch.allclose(a, e, atol=1e-5)
+
+
+def test_chunked_logprobs_refuse_a_non_positive_temperature():
+    with pytest.raises(ValueError, match="temperature"):
+        chunked_token_logprobs(torch.randn(2, 4), torch.randn(5, 4), torch.tensor([0, 1]), temperature=0.0)
 
 
 def test_versions_from_spans():

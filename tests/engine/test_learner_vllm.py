@@ -17,12 +17,17 @@ MAX_ABS_TOL = 1e-4
 MEAN_ABS_TOL = 1e-5
 
 
-def _generate_with_vllm(model: str, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+def _generate_with_vllm(model: str, prompts: list[list[int]], temperature: float = 1.0) -> list[tuple[list[int], list[float]]]:
+    """Sample 48 tokens per prompt from an engine configured as agentrl's generators configure
+    theirs (:func:`agentrl.engine.generator.engine_kwargs`); the sampled ids and their log-probs."""
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=model, dtype="float32", max_model_len=512, kv_cache_memory_bytes=64 * 2**20, enforce_eager=True, seed=0)
+    from agentrl.engine.generator import EngineSettings, engine_kwargs
+
+    settings = EngineSettings(model=model, dtype="float32", max_model_len=512, kv_cache_gib=1 / 16, seed=0)
+    llm = LLM(**engine_kwargs(settings, on_gpu=False))
     try:
-        params = SamplingParams(temperature=1.0, max_tokens=48, logprobs=0, seed=0, ignore_eos=True)
+        params = SamplingParams(temperature=temperature, max_tokens=48, logprobs=0, seed=0, ignore_eos=True)
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         result = []
         for out in outs:
@@ -76,3 +81,33 @@ def test_learner_logprobs_match_vllm(tiny_calc_model):
     assert metrics["current_version_tokens"] == len(diffs)
     assert metrics["logprob_abs_diff_current"] == pytest.approx(sum(expected) / len(expected), abs=1e-6)
     assert metrics["logprob_abs_diff_current"] > 0.03
+
+
+@pytest.mark.vllm
+def test_learner_logprobs_match_vllm_at_a_sampling_temperature(tiny_calc_model):
+    """At temperature 0.7 the behaviour log-probs are those of softmax(logits / 0.7), the
+    distribution vLLM sampled from; the learner, told the temperature, computes the same."""
+    from agentrl.models.loading import load_tokenizer
+
+    tok = load_tokenizer(str(tiny_calc_model))
+    prompts = [tok(t)["input_ids"] for t in ["What is 123*45+67?", "Compute 908*12+3.", "17*34+5 ="]]
+    generated = _generate_with_vllm(str(tiny_calc_model), prompts, temperature=0.7)
+    samples = [
+        {"tokens": p + ids, "loss_mask": [0] * len(p) + [1] * len(ids), "behaviour_logprobs": [0.0] * len(p) + lps, "advantage": 0.0}
+        for p, (ids, lps) in zip(prompts, generated)
+    ]
+
+    def diffs(temperature: float) -> list[float]:
+        learner = make_learner(str(tiny_calc_model), micro_batch_tokens=4096, temperature=temperature)
+        try:
+            mine = learner.compute_logprobs(samples)
+        finally:
+            learner.shutdown()
+        return [abs(a - b) for s, lp in zip(samples, mine) for a, b, m in zip(lp, s["behaviour_logprobs"], s["loss_mask"]) if m]
+
+    tempered, raw = diffs(0.7), diffs(1.0)
+    print(f"at T=0.7: max |dlogp| {max(tempered):.3g} tempered, {max(raw):.3g} untempered")
+    assert len(tempered) == 3 * 48
+    assert max(tempered) < MAX_ABS_TOL and sum(tempered) / len(tempered) < MEAN_ABS_TOL
+    # an untempered learner (or raw vLLM log-probs) compares different distributions
+    assert sum(raw) / len(raw) > 100 * MEAN_ABS_TOL

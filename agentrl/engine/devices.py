@@ -1,0 +1,48 @@
+"""Which device a learner rank trains on, and which process-group backend it uses there."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+__all__ = ["process_group_backend", "local_cuda_index", "assigned_cuda_index"]
+
+
+def process_group_backend(on_gpu: bool) -> str:
+    """The ``torch.distributed`` backend of the learner's process group.
+
+    On GPU it is device-mapped, ``"cpu:gloo,cuda:nccl"``: FSDP's collectives on CUDA tensors go
+    over NCCL, and the few reductions of CPU tensors (the step's statistics) over gloo. A plain
+    ``"nccl"`` group raises "No backend type associated with device type cpu" on those. On CPU
+    it is ``"gloo"``.
+    """
+    return "cpu:gloo,cuda:nccl" if on_gpu else "gloo"
+
+
+def local_cuda_index(gpu_ids: Sequence[str | int], visible: str | None) -> int:
+    """The ``torch.cuda`` index of the first GPU Ray assigned to this process.
+
+    ``gpu_ids`` is ``ray.get_gpu_ids()`` (physical ids; empty outside a Ray task). ``visible`` is
+    ``CUDA_VISIBLE_DEVICES``: Ray narrows it to the assigned GPUs by default, and torch numbers
+    the visible devices from 0, so the index is the id's position in that list; when Ray was
+    told not to set it (``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``) all GPUs are visible
+    and the index is the physical id. 0 without an assignment.
+    """
+    if not gpu_ids:
+        return 0
+    first = str(gpu_ids[0])
+    if visible:
+        listed = [d.strip() for d in visible.split(",")]
+        return listed.index(first) if first in listed else 0
+    return int(first)
+
+
+def assigned_cuda_index() -> int:
+    """:func:`local_cuda_index` of this process (Ray's assignment, when running under Ray)."""
+    try:
+        import ray
+
+        gpu_ids = ray.get_gpu_ids() if ray.is_initialized() else []
+    except Exception:  # not a Ray worker
+        gpu_ids = []
+    return local_cuda_index(gpu_ids, os.environ.get("CUDA_VISIBLE_DEVICES"))
