@@ -89,6 +89,15 @@ def prepare_model(recipe: Recipe, rows: list[dict[str, Any]], log: MetricsLogger
     return str(path)
 
 
+@dataclass
+class Reload:
+    """A weight version being loaded into the generators in the background."""
+
+    version: int
+    task: asyncio.Future
+    """Resolves to the generation stalls (seconds), or raises what the load raised."""
+
+
 class Controller:
     """Runs one recipe to completion: ``Controller(recipe).run()``."""
 
@@ -104,6 +113,8 @@ class Controller:
         """Versions go to the generators over the weight-transfer group (else through disk)."""
         self._heal_lock = asyncio.Lock()
         self._learner_placement: LearnerPlacement | None = None
+        self.reload: Reload | None = None
+        """The weight version the generators are loading from disk while the learner trains on."""
 
     # ------------------------------------------------------------------ set-up
     def _start_ray(self) -> bool:
@@ -424,7 +435,8 @@ class Controller:
         return samples, stats
 
     async def _train(self, batch: list[list[Trajectory]], version: int) -> dict[str, Any]:
-        """Train on ``batch`` with the learner at ``version``; publish and load ``version + 1``."""
+        """Train on ``batch`` with the learner at ``version``; publish ``version + 1`` (see
+        :meth:`_sync_weights`: over disk, the generators are still loading it when this returns)."""
         r = self.recipe
         flat = [t for g in batch for t in g]
         hist = Counter(str(version - (t.oldest_version if t.oldest_version is not None else version)) for t in flat)
@@ -459,9 +471,14 @@ class Controller:
 
     async def _sync_weights(self, new_version: int, t0: float) -> tuple[list[float], float]:
         """Bring the generators to ``new_version``: broadcast over the transfer group when one is
-        active, else (or when the broadcast fails) write the version to disk and load it in
-        flight. Returns the generation stalls and the learner's busy time since ``t0``."""
+        active (done when this returns), else (or when the broadcast fails) write the version to
+        disk and start loading it in flight (:attr:`reload`; the learner goes on meanwhile).
+        First waits for the previous load. Returns the generation stalls of the update that
+        completed here (the broadcast, or the previous load) and the learner's busy time since
+        ``t0``."""
         r = self.recipe
+        stalls = await self.finish_reload()
+        self.reload = None
         if self.transfer_active:
             try:
                 took = await timed(
@@ -484,6 +501,21 @@ class Controller:
         )
         self.published_version = new_version
         learner_busy_s = time.monotonic() - t0  # training + writing the version
+        # the generators load it while the learner goes on with the next batch; the step after
+        # waits for this load before it publishes (versions arrive in order, one load at a time)
+        self.reload = Reload(new_version, asyncio.ensure_future(self._load_version(new_version, path)))
+        return stalls, learner_busy_s
+
+    async def finish_reload(self) -> list[float]:
+        """Wait for the version the generators are loading (if any); its stalls, seconds."""
+        if self.reload is None:
+            return []
+        return await self.reload.task
+
+    async def _load_version(self, new_version: int, path: Path) -> list[float]:
+        """Load the published folder ``path`` into every generator as ``new_version``; replace
+        a generator that cannot take it. Returns the generation stalls."""
+        r = self.recipe
         targets = list(self.generators)
         outcomes = await timed(
             asyncio.gather(*[g.update_weights.remote(new_version, str(path)) for g in targets], return_exceptions=True),
@@ -497,7 +529,7 @@ class Controller:
             self.log.event(f"generators {broken} failed to load version {new_version}: {outcomes[broken[0]]!r:.200}")
             await self._heal_generators(new_version, self.log, force=tuple(targets[i] for i in broken))
         await self._catch_up_replacements(targets, new_version)
-        return stalls, learner_busy_s
+        return stalls
 
     async def _connect_weight_transfer(self, log: MetricsLogger) -> None:
         """Form the learner-to-generators transfer group when ``weight_sync`` is a collective;
@@ -587,8 +619,13 @@ class Controller:
         self._busy_at_loop_start = {id(g): st["busy_s"] for g, st in zip(self.generators, await self._generator_busy(log))}
         gen_tokens_at_start = gen_tokens
         log.event(f"RL loop started at version {version}", loop_start=True, step=version)
+        fault = os.environ.get("AGENTRL_FAULT_KILL_GENERATOR_AFTER_STEP")
+        kill_after = int(fault) if fault else None
         wi = 0
         while version < r.learner.max_steps:
+            if self.reload is not None and self.reload.task.done() and queue.served_version < self.reload.version:
+                self.reload.task.result()  # a load that failed past healing stops the run loudly
+                queue.serve(self.reload.version)  # the generators serve it: admit more samples
             while queue.can_start() and (retry or rows):
                 idx = retry.popleft() if retry else cursor
                 if idx == cursor:
@@ -602,11 +639,20 @@ class Controller:
                 )
                 pending[fut] = (idx, gid)
                 queue.mark_started()
+            if kill_after is not None and version >= kill_after and pending:
+                # fault injection for tests: a generator dies, as if its node was lost, once the
+                # given step is done and episodes are in flight on it
+                import ray
+
+                log.event(f"fault injection: killing generator 0 after step {version}")
+                ray.kill(self.generators[0], no_restart=True)
+                kill_after = None
             if train_task is None and queue.ready():
                 batch = queue.take_batch()  # in prompt order: reproducible updates
                 training_prompts = [g[0].prompt_index for g in batch if g]
                 train_task = asyncio.ensure_future(self._train(batch, version))
-            waiting = set(pending) | ({train_task} if train_task else set())
+            loading = self.reload.task if self.reload is not None and not self.reload.task.done() else None
+            waiting = set(pending) | ({train_task} if train_task else set()) | ({loading} if loading else set())
             if not waiting:
                 raise AgentRLError("nothing to wait for: no prompts left and no batch ready")
             # each awaited item carries its own timeout; this outer one is a last guard
@@ -615,13 +661,15 @@ class Controller:
             if not done:
                 raise TimeoutError_(f"no episode group and no learner step finished within {limit:.0f} s")
             for fut in done:
+                if fut is loading:  # served at the top of the next round
+                    continue
                 if fut is train_task:
                     train_task = None
                     stats = fut.result()  # a learner/generator failure stops the run loudly
                     version = stats["version"]
                     learner_busy += stats["learner_busy_s"]
                     self._dump_samples(stats.pop("_examples", []), version)
-                    queue.advance(version)
+                    queue.advance(version, served=self.reload is None)
                     now = time.monotonic()
                     with (self.run_dir / "trained.jsonl").open("a") as f:
                         f.write(json.dumps({"step": version, "prompts": training_prompts}) + "\n")
@@ -635,12 +683,6 @@ class Controller:
                         infra_failures=infra_failures,
                         prompt_cursor=cursor,
                     )
-                    if os.environ.get("AGENTRL_FAULT_KILL_GENERATOR_AFTER_STEP") == str(version):
-                        # fault injection for tests: a generator dies as if its node was lost
-                        import ray
-
-                        log.event(f"fault injection: killing generator 0 after step {version}")
-                        ray.kill(self.generators[0], no_restart=True)
                     every = r.checkpoint.every_steps
                     if every and version % every == 0 and version < r.learner.max_steps:
                         await self._checkpoint(
@@ -658,6 +700,8 @@ class Controller:
                             log,
                         )
                     if r.eval.every_steps and version % r.eval.every_steps == 0 and version < r.learner.max_steps:
+                        await self.finish_reload()  # evaluate the new version, not the one before
+                        queue.serve(version)
                         await self._evaluate(version, log)
                     continue
                 idx, gid = pending.pop(fut)
@@ -691,6 +735,7 @@ class Controller:
                     log.event(f"group {gid} failed on infrastructure {attempts[idx]} times ({error[:200]}); abandoned")
         for fut in pending:
             fut.cancel()
+        await self.finish_reload()  # the final evaluation runs on the final weights
         await self._log_utilisation(log, time.monotonic() - t_start, learner_busy)
         final = self.run_dir / "final"
         await timed(
@@ -915,6 +960,8 @@ class Controller:
     async def _shutdown(self) -> None:
         import ray
 
+        if self.reload is not None and not self.reload.task.done():
+            self.reload.task.cancel()
         calls = [w.shutdown.remote() for w in self.workers] + [g.shutdown.remote() for g in self.generators]
         calls += [lr.shutdown.remote() for lr in self.learners]
         if calls:

@@ -3,7 +3,10 @@
 Two rules make "no sample older than ``max_staleness`` versions is ever trained" hold:
 
 * Admission: a new sample may start only while
-  ``started + n <= (learner_version + max_staleness + 1) * batch_size``.
+  ``started + n <= (min(learner_version, served_version) + max_staleness + 1) * batch_size``,
+  where ``served_version`` is the version every generator serves: while a new version is still
+  loading (the learner goes on training meanwhile), new samples would be written by the one
+  before it, so the window waits for the load.
 * Check at training time: a sample whose oldest token is more than ``max_staleness`` versions
   behind the learner is dropped (counted as ``dropped_stale``), never trained.
 
@@ -46,6 +49,8 @@ class StalenessQueue:
         self.group_size = group_size
         self.max_staleness = max_staleness
         self.learner_version = 0
+        self.served_version = 0
+        """The weight version every generator serves (see :meth:`serve`)."""
         self.stats = QueueStats()
         self._groups: deque[list[Trajectory]] = deque()
 
@@ -53,7 +58,7 @@ class StalenessQueue:
     def can_start(self, n: int | None = None) -> bool:
         """Whether ``n`` more samples (default: one group) may start now."""
         n = self.group_size if n is None else n
-        limit = (self.learner_version + self.max_staleness + 1) * self.batch_size
+        limit = (min(self.learner_version, self.served_version) + self.max_staleness + 1) * self.batch_size
         return self.stats.started + n <= limit
 
     def mark_started(self, n: int | None = None) -> None:
@@ -124,6 +129,13 @@ class StalenessQueue:
             key=lambda g: g[0].prompt_index if g else -1,
         )
 
-    def advance(self, version: int) -> None:
-        """The learner now holds weights ``version`` (admits more samples, ages the queue)."""
+    def advance(self, version: int, served: bool = True) -> None:
+        """The learner now holds weights ``version`` (ages the queue; admits more samples once the
+        generators serve it too). ``served``: the generators already serve it (the default)."""
         self.learner_version = version
+        if served:
+            self.serve(version)
+
+    def serve(self, version: int) -> None:
+        """Every generator now serves weights ``version`` (admits more samples)."""
+        self.served_version = max(self.served_version, version)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import REPO, train_cmd
+from tests.e2e.helpers import train_cmd
 
 RAY = str(Path(sys.executable).parent / "ray")
 

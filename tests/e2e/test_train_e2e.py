@@ -47,7 +47,10 @@ def test_train_tiny_calc_end_to_end(tmp_path, tiny_calc_model):
     (util,) = [r for r in records if r["kind"] == "utilisation"]
     assert 0 < util["learner_busy_fraction"] <= 1 and 0 < util["generator_busy_fraction"] <= 1, util
     events = [r["message"] for r in records if r["kind"] == "event"]
-    assert any("generator 0 restarted at version 1" in e for e in events), events
+    # replaced serving the newest version there is (1, or 2 when the loss is noticed while
+    # version 2 loads)
+    restarts = [int(e.split("restarted at version ")[1].split()[0]) for e in events if "generator 0 restarted at version" in e]
+    assert restarts and min(restarts) >= 1, events
     published = sorted(p.name for p in (run_dir / "weights").iterdir())
     assert len(published) >= 2
     # the episodes the dead generator broke are kept out of the loss: the rollout workers

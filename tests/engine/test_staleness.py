@@ -26,6 +26,21 @@ def test_admission_bound():
     assert q.can_start()
 
 
+def test_admission_waits_for_the_generators_to_serve_a_version():
+    """While version 1 loads into the generators (the learner already holds it), samples that
+    started now would be written by version 0: the window opens only once 1 is served."""
+    q = StalenessQueue(batch_size=4, group_size=2, max_staleness=1)
+    while q.can_start():
+        q.mark_started()
+    q.advance(1, served=False)
+    assert q.learner_version == 1 and q.served_version == 0
+    assert not q.can_start()
+    q.serve(1)
+    assert q.can_start()
+    q.serve(0)  # an older announcement never lowers it
+    assert q.served_version == 1
+
+
 def test_sync_admission_is_one_batch():
     q = StalenessQueue(batch_size=4, group_size=2, max_staleness=0)
     q.mark_started()
