@@ -133,3 +133,12 @@ def write_block(key: str, text: str, path: str = RESULTS, section: str | None = 
         doc = doc.rstrip("\n") + "\n\n" + block + "\n"
     with open(path, "w") as f:
         f.write(doc)
+
+
+def emit(text: str, key: str, write: bool, section: str | None = None) -> None:
+    """Print a benchmark's results ``text``; with ``write`` (the ``--write`` flag) also put it in
+    the ``key`` block of RESULTS.md (:func:`write_block`, first placed in ``section``)."""
+    print("\n" + text)
+    if write:
+        write_block(key, text, section=section)
+        print(f"\nwritten to the {key!r} block of {RESULTS}")

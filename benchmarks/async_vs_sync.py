@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _measure import RESULTS, run_header, write_block
+from _measure import run_header, emit
 
 from agentrl.cli import train_command
 
@@ -167,10 +167,7 @@ def main() -> None:
             for mode, s in configs:
                 results[(mode, s)].append(run_once(mode, s, args.steps, model, work / "runs", extra))
     text = format_block(results, args, started)
-    print("\n" + text)
-    if args.write:
-        write_block(block_key(extra), text, section="async vs sync")
-        print(f"\nwritten to {RESULTS}")
+    emit(text, block_key(extra), args.write, section="async vs sync")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _measure import RESULTS, run_header, write_block
+from _measure import run_header, emit
 
 
 async def _round(g: Any, folder: str, args: argparse.Namespace, first_version: int) -> dict[str, float]:
@@ -102,10 +102,7 @@ def main() -> None:
     if not Path(args.model).is_dir():
         raise SystemExit(f"{args.model}: not a folder")
     text = asyncio.run(main_async(args))
-    print("\n" + text)
-    if args.write:
-        write_block(f"kv_on_update {Path(args.model).name}", text, section="weight sync")
-        print(f"\nwritten to {RESULTS}")
+    emit(text, f"kv_on_update {Path(args.model).name}", args.write, section="weight sync")
 
 
 if __name__ == "__main__":

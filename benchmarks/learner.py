@@ -58,7 +58,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from _measure import RESULTS, PeakRSS, run_header, write_block  # noqa: E402
+from _measure import PeakRSS, run_header, emit  # noqa: E402
 
 from agentrl.algos import ObjectiveSettings, policy_loss  # noqa: E402
 from agentrl.engine import learner as learner_mod  # noqa: E402
@@ -309,10 +309,7 @@ def main() -> None:
             f"{pad['learner']:.1%} against {pad[best]:.1%}.",
         ]
     text = "\n".join(lines)
-    print("\n" + text)
-    if args.write:
-        write_block(f"learner {' '.join(configs)} {model_name}", text, section="learner")
-        print(f"\nwritten to {RESULTS}")
+    emit(text, f"learner {' '.join(configs)} {model_name}", args.write, section="learner")
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from _measure import RESULTS, busy_cpu_s, quantile, run_header, write_block
+from _measure import busy_cpu_s, quantile, run_header, emit
 
 
 class ArithmeticSandbox:
@@ -409,10 +409,7 @@ def main() -> None:
     started = time.time()
     results, variants = anyio.run(main_async, args)
     text = format_block(args, results, variants, started)
-    print("\n" + text)
-    if args.write:
-        write_block(block_key(args, ap), text, section="rollout")
-        print(f"\nwritten to {RESULTS}")
+    emit(text, block_key(args, ap), args.write, section="rollout")
 
 
 if __name__ == "__main__":

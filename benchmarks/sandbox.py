@@ -57,7 +57,7 @@ import anyio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _measure import RESULTS, busy_cpu_s, quantile, run_header, write_block  # noqa: E402
+from _measure import busy_cpu_s, quantile, run_header, emit  # noqa: E402
 from agentrl.sandbox import BubblewrapSandbox  # noqa: E402
 from agentrl.sandbox.base import _base_python  # noqa: E402
 
@@ -491,10 +491,7 @@ async def main(args: argparse.Namespace) -> None:
     if leaks:
         print(f"leak check: {leaks}", flush=True)
     text = report(args, lat, thr, leaks, started, load_start)
-    print("\n" + text)
-    if args.write:
-        write_block("sandbox", text, section="sandbox")
-        print(f"\nwritten to the sandbox block of {RESULTS}")
+    emit(text, "sandbox", args.write, section="sandbox")
 
 
 def parse_args() -> argparse.Namespace:

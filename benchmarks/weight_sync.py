@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _measure import RESULTS, run_header, write_block
+from _measure import run_header, emit
 
 
 def _medium(tiny: str, out: Path) -> str:
@@ -113,10 +113,7 @@ async def main_async(args: argparse.Namespace) -> None:
             f"{r['gloo_total'] / r['disk_total']:.2f} | {r['gloo_stall'] / r['disk_stall']:.2f} |"
         )
     text = "\n".join(lines)
-    print("\n" + text)
-    if args.write:
-        write_block(f"weight_sync {' '.join(args.sizes)} {Path(args.model).name}", text)
-        print(f"\nwritten to {RESULTS}")
+    emit(text, f"weight_sync {' '.join(args.sizes)} {Path(args.model).name}", args.write)
 
 
 def main() -> None:
