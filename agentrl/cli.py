@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from agentrl.errors import AgentRLError
 
@@ -83,13 +84,13 @@ def _stop_on_signals() -> None:
     signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
 
 
-def _train(args: argparse.Namespace) -> int:
+def _train(args: argparse.Namespace, hooks: Sequence[Any] = ()) -> int:
     from agentrl.config import load_recipe
     from agentrl.engine.controller import Controller
 
     recipe = load_recipe(args.recipe, args.overrides)
     _stop_on_signals()
-    summary = Controller(recipe).run()
+    summary = Controller(recipe, hooks=hooks).run()
     print(
         f"done: {summary.steps} steps, weight version {summary.version}, {summary.samples_trained} samples trained, "
         f"{summary.dropped_stale} dropped as stale, {summary.infra_failures} infra failures; "
@@ -129,17 +130,19 @@ def _model_init(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``agentrl`` console script; returns the exit status."""
+def main(argv: Sequence[str] | None = None, *, hooks: Sequence[Any] = ()) -> int:
+    """Entry point of the ``agentrl`` console script; returns the exit status. ``hooks``: RL
+    loop hooks for ``train`` and ``eval`` (:class:`agentrl.engine.loop.LoopHook`; fault
+    injection in tests)."""
     args = _parser().parse_args(argv)
     try:
         if args.command == "train":
-            return _train(args)
+            return _train(args, hooks)
         if args.command == "check":
             return _check(args)
         if args.command == "eval":
             args.overrides = [*args.overrides, "mode=eval", f"model.path={args.checkpoint!r}", "sft.steps=0"]
-            return _train(args)
+            return _train(args, hooks)
         if args.command == "report":
             from agentrl.report import write_report
 

@@ -317,6 +317,9 @@ class LearnerConfig(_Section):
     """Longest wait for one training step or weight publication, seconds."""
     keep_versions: int = Field(3, gt=0)
     """Published weight versions kept on disk (older ones are deleted)."""
+    max_restarts: int = Field(2, ge=0)
+    """Times a run restarts its learner ranks from the newest checkpoint after one died (killed,
+    out of memory, crashed); 0: a dead rank ends the run (rerunning the command resumes)."""
 
 
 class AlgoConfig(_Section):

@@ -20,6 +20,7 @@ the boundary of the component that called the library, keeping the original as `
     │   ├── VerifierError           a reward verifier crashed or timed out
     │   ├── GeneratorError          a generator (vLLM engine) failed or timed out
     │   └── LearnerError            a learner rank failed or timed out
+    │       └── LearnerDied         a learner rank's process is gone (killed, out of memory, crashed)
     └── TimeoutError_               a wait ran past its deadline (also an InfraError)
 
 Model-written code that raises, loops forever or exhausts memory is *not* an error here: it is an
@@ -84,6 +85,18 @@ class GeneratorError(InfraError):
 
 class LearnerError(InfraError):
     """A learner rank failed or did not answer in time."""
+
+
+class LearnerDied(LearnerError):
+    """A learner rank's process is gone (killed, out of memory, crashed).
+
+    ``rank`` is the rank that died (None when unknown), ``how`` says how when Ray knows (a
+    signal, an exit code)."""
+
+    def __init__(self, message: str, *, rank: int | None = None, how: str = "") -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.how = how
 
 
 class WeightSyncError(InfraError):

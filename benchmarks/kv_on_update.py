@@ -44,7 +44,7 @@ async def _round(g: Any, folder: str, args: argparse.Namespace, first_version: i
 
 
 async def main_async(args: argparse.Namespace) -> str:
-    from agentrl.engine.generator import EngineSettings, Generator
+    from agentrl.engine.generator import EngineSettings, VllmGenerator
 
     settings = {
         label: EngineSettings(model=args.model, max_model_len=args.prompt_tokens + args.max_tokens + 16, kv_cache_gib=0.25,
@@ -53,7 +53,7 @@ async def main_async(args: argparse.Namespace) -> str:
     }
     rows: dict[str, list[dict[str, float]]] = {label: [] for label in settings}
     started = time.time()
-    engines = {label: Generator(s, timeout_s=600) for label, s in settings.items()}
+    engines = {label: VllmGenerator(s, timeout_s=600) for label, s in settings.items()}
     for g in engines.values():
         await g.start()
     try:

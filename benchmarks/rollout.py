@@ -2,7 +2,7 @@
 
 For each concurrency level C, runs ``--episodes`` Calc-v0 episodes (model turns, code in the
 bubblewrap sandbox, interpreter output appended, next turn) through the engine's rollout path
-(``play_episode`` over :class:`~agentrl.engine.generator.Generator`), then, in the same process
+(``play_episode`` over :class:`~agentrl.engine.generator.VllmGenerator`), then, in the same process
 and on the same engine(s), raw vLLM generation of exactly the same number of tokens per episode
 for the same prompts (one request each, ``ignore_eos``) at the same concurrency. Reports
 generated tokens/s of both and their ratio, median over ``--repeats``; also 1 vs 2 generators.
@@ -252,7 +252,7 @@ async def _raw_pass(gens: list[Any], prompts: list[list[int]], lengths: list[int
 async def main_async(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
     """Run every pass ``args`` asks for. Returns one dict per pass (see :func:`format_tables` for
     what it holds) and the (tool, stop) variants that were run."""
-    from agentrl.engine.generator import EngineSettings, Generator
+    from agentrl.engine.generator import EngineSettings, VllmGenerator
     from agentrl.envs.data import load_rows
     from agentrl.models.loading import load_tokenizer
     from agentrl.sandbox import create_sandbox
@@ -276,7 +276,7 @@ async def main_async(args: argparse.Namespace) -> tuple[list[dict[str, Any]], li
             if args.omp_wait_policy:
                 os.environ["OMP_WAIT_POLICY"] = policy  # read by the engine processes at their start
             engines[policy] = [
-                Generator(EngineSettings(model=args.model, max_model_len=1024, kv_cache_gib=0.5, cpu_threads_bind=args.bind, extra=extra))
+                VllmGenerator(EngineSettings(model=args.model, max_model_len=1024, kv_cache_gib=0.5, cpu_threads_bind=args.bind, extra=extra))
                 for _ in range(n_gen)
             ]
             for g in engines[policy]:

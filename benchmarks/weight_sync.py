@@ -49,11 +49,11 @@ def _medium(tiny: str, out: Path) -> str:
 async def _measure(model: str, repeats: int, scratch: Path) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
-    from agentrl.engine.generator import EngineSettings, Generator
-    from agentrl.engine.hf_folder import write_hf_folder
+    from agentrl.engine.generator import EngineSettings, VllmGenerator
+    from agentrl.models.hf_folder import write_hf_folder
     from agentrl.engine.weight_transfer import LocalGeneratorClient, free_endpoint, model_source, trainer_connect
 
-    g = Generator(EngineSettings(model=model, max_model_len=512, kv_cache_gib=0.2, weight_transfer="gloo"), timeout_s=300)
+    g = VllmGenerator(EngineSettings(model=model, max_model_len=512, kv_cache_gib=0.2, weight_transfer="gloo"), timeout_s=300)
     await g.start()
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
     params = sum(p.numel() for p in hf.parameters())

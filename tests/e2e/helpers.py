@@ -29,6 +29,14 @@ def train_cmd(run_dir: Path, model: Path, *overrides: str) -> list[str]:
     return train_command(str(REPO / "recipes" / "tiny_calc.toml"), str(run_dir), str(model), *overrides)
 
 
+def fault_train_cmd(run_dir: Path, model: Path, kill_generator_after_step: int, *overrides: str) -> list[str]:
+    """:func:`train_cmd` that kills generator 0 after the given step (``tests/e2e/fault_train.py``:
+    a loop hook, as a lost node would)."""
+    cmd = train_cmd(run_dir, model, *overrides)
+    assert cmd[1:4] == ["-m", "agentrl.cli", "train"], cmd
+    return [cmd[0], "-m", "tests.e2e.fault_train", "--kill-generator-after-step", str(kill_generator_after_step), *cmd[4:]]
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now."""
     with socket.socket() as s:

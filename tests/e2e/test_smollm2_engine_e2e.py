@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct, a real pretrained model, through the engine's parts in one process.
 
-One vLLM engine (agentrl's ``Generator``, CPU) and one FSDP2 learner rank share the test:
+One vLLM engine (agentrl's ``VllmGenerator``, CPU) and one FSDP2 learner rank share the test:
 
 1. multi-turn episodes with tool messages through SmolLM2's real ChatML template: every turn's
    prompt is the previous prompt plus exactly the ids the model generated plus the template's
@@ -90,7 +90,7 @@ def _mismatch(learner: Any, samples: list[dict[str, Any]]) -> tuple[float, float
 
 
 def test_smollm2_through_generation_learning_and_weight_updates(smol_model, tmp_path) -> None:
-    from agentrl.engine.generator import EngineSettings, Generator
+    from agentrl.engine.generator import EngineSettings, VllmGenerator
     from agentrl.engine.rollout import play_episode
     from agentrl.engine.weight_transfer import LocalGeneratorClient, free_endpoint, model_source, trainer_connect
     from agentrl.models.loading import load_tokenizer
@@ -100,7 +100,7 @@ def test_smollm2_through_generation_learning_and_weight_updates(smol_model, tmp_
     questions = ["What is 17 times 23?", "Write Python that prints the first five squares."]
 
     async def main() -> None:
-        gen = Generator(
+        gen = VllmGenerator(
             EngineSettings(model=str(smol_model), max_model_len=1024, kv_cache_gib=0.25, weight_transfer="gloo"),
             timeout_s=180,
         )

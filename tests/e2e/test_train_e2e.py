@@ -8,7 +8,7 @@ import pytest
 
 from agentrl.engine.audit import episodes_audit_path, learner_audit_path, read_audit
 
-from tests.e2e.helpers import REPO, train_cmd
+from tests.e2e.helpers import REPO, fault_train_cmd, train_cmd
 
 SMALL_RUN = (
     "learner.batch_size=8",
@@ -25,14 +25,14 @@ SMALL_RUN = (
 @pytest.mark.vllm
 def test_train_tiny_calc_end_to_end(tmp_path, tiny_calc_model):
     run_dir = tmp_path / "run"
-    cmd = train_cmd(
-        run_dir, tiny_calc_model,
+    # a generator is killed after the first step (as if its node died): the run must replace it,
+    # keep the episodes it lost out of the loss, and finish
+    cmd = fault_train_cmd(
+        run_dir, tiny_calc_model, 1,
         "learner.max_steps=4",
         *SMALL_RUN,
     )
-    # a generator is killed after the first step (as if its node died): the run must replace it,
-    # keep the episodes it lost out of the loss, and finish
-    env = {**os.environ, "RAY_DEDUP_LOGS": "0", "AGENTRL_FAULT_KILL_GENERATOR_AFTER_STEP": "1"}
+    env = {**os.environ, "RAY_DEDUP_LOGS": "0"}
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
@@ -77,14 +77,14 @@ def test_gloo_weight_sync_and_its_fallback_to_disk(tmp_path, tiny_calc_model):
     """``weight_sync = "gloo"``: versions are broadcast into the vLLM workers (nothing written);
     when a generator is lost the group is gone, the run says so and goes on through disk."""
     run_dir = tmp_path / "run"
-    cmd = train_cmd(
-        run_dir, tiny_calc_model,
+    cmd = fault_train_cmd(
+        run_dir, tiny_calc_model, 3,
         "generator.weight_sync='gloo'",
         "generator.weight_sync_timeout_s=60",
         "learner.max_steps=5",
         *SMALL_RUN,
     )
-    env = {**os.environ, "RAY_DEDUP_LOGS": "0", "AGENTRL_FAULT_KILL_GENERATOR_AFTER_STEP": "3"}
+    env = {**os.environ, "RAY_DEDUP_LOGS": "0"}
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 

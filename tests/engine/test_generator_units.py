@@ -3,7 +3,7 @@
 import asyncio
 
 from agentrl.engine import generator as gen_mod
-from agentrl.engine.generator import EngineSettings, Generator, versions_from_spans
+from agentrl.engine.generator import EngineSettings, VllmGenerator, versions_from_spans
 
 
 class Clock:
@@ -17,7 +17,7 @@ class Clock:
 def test_busy_time_counts_overlapping_requests_once(monkeypatch) -> None:
     clock = Clock()
     monkeypatch.setattr(gen_mod.time, "monotonic", clock)
-    g = Generator(EngineSettings(model="unused"))
+    g = VllmGenerator(EngineSettings(model="unused"))
     a, b, c = g.busy, g.busy, g.busy
     a.__enter__()  # request A at t=100
     clock.now = 101.0

@@ -5,7 +5,7 @@ import shutil
 import anyio
 import pytest
 
-from agentrl.engine.generator import Generation
+from agentrl.engine.interfaces import Generation
 from agentrl.engine.render import IncrementalRenderer, TemplateMismatch
 from agentrl.engine.rollout import play_episode
 from agentrl.envs.calc import CalcEnv

@@ -35,7 +35,7 @@ def test_real_vllm_stops_in_the_step_and_returns_the_same_tokens(tiny_calc_model
     tokens, marker included. Same seed each way."""
     import torch
 
-    from agentrl.engine.generator import CPU_BLOCK_SIZE, EngineSettings, Generator, engine_kwargs
+    from agentrl.engine.generator import CPU_BLOCK_SIZE, EngineSettings, VllmGenerator, engine_kwargs
 
     tok = load_tokenizer(str(tiny_calc_model))
     (code_end,) = tok.encode("</code>", add_special_tokens=False)
@@ -45,7 +45,7 @@ def test_real_vllm_stops_in_the_step_and_returns_the_same_tokens(tiny_calc_model
 
     async def main() -> None:
         settings = EngineSettings(model=str(tiny_calc_model), max_model_len=256, kv_cache_gib=0.05)
-        g = Generator(settings, timeout_s=60)
+        g = VllmGenerator(settings, timeout_s=60)
         await g.start()
         try:
             if torch.cuda.is_available():  # GPUs keep vLLM's own block size

@@ -45,12 +45,12 @@ PROMPT = list(range(5, 25))
 
 
 def test_broadcast_loads_the_version_into_vllm(tiny_calc_model) -> None:
-    from agentrl.engine.generator import EngineSettings, Generator
+    from agentrl.engine.generator import EngineSettings, VllmGenerator
     from agentrl.engine.weight_transfer import LocalGeneratorClient, model_source
     from agentrl.errors import GeneratorError
 
     async def main() -> None:
-        g = Generator(EngineSettings(model=str(tiny_calc_model), max_model_len=512, kv_cache_gib=0.1, weight_transfer="gloo"), timeout_s=60)
+        g = VllmGenerator(EngineSettings(model=str(tiny_calc_model), max_model_len=512, kv_cache_gib=0.1, weight_transfer="gloo"), timeout_s=60)
         await g.start()
         try:
             client = LocalGeneratorClient(g, asyncio.get_running_loop(), 120.0)

@@ -129,7 +129,7 @@ def test_cli_reports_a_bad_source_in_words(tmp_path: Path) -> None:
 
 def test_recipe_names_an_import(tmp_path: Path, smol_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from agentrl.config import load_recipe
-    from agentrl.engine.controller import prepare_model
+    from agentrl.engine.prepare import prepare_model
 
     base = Path(__file__).resolve().parents[2] / "recipes" / "smol_calc.toml"
     recipe = load_recipe(str(base), [f"model.path='{tmp_path / 'm'}'"])

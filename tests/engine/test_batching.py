@@ -1,11 +1,12 @@
-"""The controller turns groups of trajectories into learner samples: advantages, filters, penalty."""
+"""Groups of trajectories become learner samples: advantages, filters, penalty (recipe values via wiring)."""
 
 from __future__ import annotations
 
 import pytest
 
 from agentrl.config import validate_recipe
-from agentrl.engine.controller import Controller
+from agentrl.engine.batching import BatchSettings, batch_samples
+from agentrl.engine.wiring import batch_settings
 from agentrl.engine.trajectory import Trajectory
 
 
@@ -17,13 +18,13 @@ def _traj(reward: float, group: str, generated: int, status: str = "ok") -> Traj
     )
 
 
-def _controller(**algo) -> Controller:
-    return Controller(validate_recipe({"model": {"path": "unused"}, "rollout": {"group_size": 2}, "learner": {"batch_size": 4}, "algo": algo}))
+def _settings(**algo) -> BatchSettings:
+    return batch_settings(validate_recipe({"model": {"path": "unused"}, "rollout": {"group_size": 2}, "learner": {"batch_size": 4}, "algo": algo}))
 
 
 def test_advantages_per_group_and_infra_failures_left_out():
     batch = [[_traj(1.0, "a", 4), _traj(0.0, "a", 4)], [_traj(1.0, "b", 4), _traj(0.0, "b", 4, status="infra_failure")]]
-    samples, stats = _controller(advantage="dr_grpo")._batch_samples(batch)
+    samples, stats = batch_samples(batch, _settings(advantage="dr_grpo"))
     assert [s["advantage"] for s in samples] == [0.5, -0.5, 0.0]
     assert stats["infra_failures_batch"] == 1
     assert samples[0]["versions"] == [-1, -1, -1, 0, 0, 0, 0]
@@ -31,12 +32,12 @@ def test_advantages_per_group_and_infra_failures_left_out():
 
 def test_zero_variance_groups_dropped_and_overlong_penalty():
     batch = [[_traj(1.0, "a", 4), _traj(1.0, "a", 4)], [_traj(1.0, "b", 4), _traj(1.0, "b", 8)]]
-    ctl = _controller(advantage="dr_grpo", filter_zero_variance_groups=True, overlong_max_tokens=8, overlong_buffer_tokens=4)
-    samples, stats = ctl._batch_samples(batch)
+    ctl = _settings(advantage="dr_grpo", filter_zero_variance_groups=True, overlong_max_tokens=8, overlong_buffer_tokens=4)
+    samples, stats = batch_samples(batch, ctl)
     # group b: 8 generated tokens sit at the end of the ramp -> penalty -1 -> rewards (1, 0)
     assert stats["zero_variance_groups_dropped"] == 1
     assert [s["advantage"] for s in samples] == pytest.approx([0.5, -0.5])
     assert stats["overlong_penalty_mean"] == pytest.approx(-0.25)
     # everything filtered: an empty list (the learner accepts it)
-    samples, stats = ctl._batch_samples([[_traj(1.0, "a", 2), _traj(1.0, "a", 2)]])
+    samples, stats = batch_samples([[_traj(1.0, "a", 2), _traj(1.0, "a", 2)]], ctl)
     assert samples == [] and stats["zero_variance_groups_dropped"] == 1

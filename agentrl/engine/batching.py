@@ -1,0 +1,96 @@
+"""A batch of finished groups → the learner's samples and the step's statistics.
+
+Pure functions: trajectories in, plain dictionaries out (no Ray, no recipe).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from agentrl.engine.trajectory import Trajectory
+
+__all__ = ["BatchSettings", "batch_samples", "staleness_histogram"]
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """How rewards become advantages (the recipe's ``[algo]`` values)."""
+
+    advantage: str = "grpo"
+    """The advantage estimator's name (``agentrl.algos.compute_advantages``)."""
+    filter_zero_variance_groups: bool = False
+    """Drop groups whose rewards are all equal (they carry no learning signal)."""
+    overlong_max_tokens: int | None = None
+    """Episodes longer than this (generated tokens) are penalised; None: no penalty."""
+    overlong_buffer_tokens: int = 0
+    """Length of the soft band before ``overlong_max_tokens`` where the penalty ramps up."""
+
+
+def batch_samples(batch: list[list[Trajectory]], settings: BatchSettings) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Training samples of a batch of groups and the batch's statistics.
+
+    Trainable episodes only; rewards with the overlong penalty (when set); zero-variance groups
+    dropped (when set); advantages by ``settings.advantage`` over the groups that remain. Each
+    sample is a dict with ``tokens``, ``loss_mask``, ``behaviour_logprobs``, ``advantage``,
+    ``versions`` and ``id`` (the trajectory's ``sample_id``)."""
+    import torch
+
+    from agentrl.algos import (
+        compute_advantages,
+        nonzero_variance_mask,
+        overlong_penalty,
+    )
+
+    kept = [t for g in batch for t in g if t.trainable]
+    group = torch.tensor([gi for gi, g in enumerate(batch) for t in g if t.trainable], dtype=torch.long)
+    rewards = torch.tensor([float(t.reward) for t in kept], dtype=torch.float64)
+    penalty = torch.zeros_like(rewards)
+    if settings.overlong_max_tokens is not None and kept:
+        lengths = torch.tensor([t.num_generated for t in kept])
+        penalty = overlong_penalty(lengths, settings.overlong_max_tokens, settings.overlong_buffer_tokens)
+    rewards = rewards + penalty
+    if settings.filter_zero_variance_groups and kept:
+        keep = nonzero_variance_mask(rewards, group)
+    else:
+        keep = torch.ones(len(kept), dtype=torch.bool)
+    dropped_groups = len(set(group[~keep].tolist()))
+    idx = keep.nonzero().flatten().tolist()
+    advs = compute_advantages(rewards[idx], group[idx], settings.advantage).tolist() if idx else []
+    samples = [
+        {
+            "tokens": kept[i].tokens,
+            "loss_mask": kept[i].loss_mask,
+            "behaviour_logprobs": kept[i].behaviour_logprobs,
+            "advantage": adv,
+            "versions": kept[i].versions,
+            "id": kept[i].sample_id,
+        }
+        for i, adv in zip(idx, advs)
+    ]
+    flat = [t for g in batch for t in g]
+    n = max(1, len(flat))
+    stats = {
+        "reward_mean": sum(t.reward for t in kept) / max(1, len(kept)),
+        "samples": len(flat),
+        "infra_failures_batch": len(flat) - len(kept),
+        "status": dict(Counter(t.status for t in flat)),
+        "turns_mean": sum(t.metrics.get("turns", 0) for t in flat) / n,
+        "tool_calls_mean": sum(t.metrics.get("tool_calls", 0) for t in flat) / n,
+        "tool_errors_mean": sum(t.metrics.get("tool_errors", 0) for t in flat) / n,
+        "generated_tokens_mean": sum(t.num_generated for t in flat) / n,
+        "max_token_version": max((t.newest_version or 0) for t in flat) if flat else 0,
+        "zero_variance_groups_dropped": dropped_groups,
+        "overlong_penalty_mean": float(penalty.mean()) if kept else 0.0,
+        "advantage_abs_mean": sum(abs(x) for x in advs) / max(1, len(advs)),
+    }
+    return samples, stats
+
+
+def staleness_histogram(batch: list[list[Trajectory]], version: int) -> dict[str, int]:
+    """How many episodes of ``batch`` are 0, 1, 2... versions behind ``version`` (by their
+    oldest token; an episode that wrote nothing counts as 0)."""
+    return dict(Counter(
+        str(version - (t.oldest_version if t.oldest_version is not None else version)) for g in batch for t in g
+    ))

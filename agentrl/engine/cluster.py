@@ -1,0 +1,97 @@
+"""Ray at the engine's edge: start and stop the cluster connection, create actors, call a method
+on a set of actors with one timeout, and kill them.
+
+Everything else in the engine holds *handles* and calls ``handle.method.remote(...)``; the fakes
+of :mod:`agentrl.engine.testing` answer the same calls in-process, so the loop, the ledger and the
+fleet run without Ray in unit tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+from agentrl.engine.waits import timed
+from agentrl.errors import AgentRLError, TimeoutError_
+
+__all__ = ["actor_died", "call_all", "kill", "new_actor", "shutdown_all", "start_ray", "stop_ray"]
+
+
+def start_ray(init_kwargs: dict[str, Any]) -> bool:
+    """Connect to (or start) Ray with ``init_kwargs`` unless this process already is; True when
+    this call initialised it (the caller then shuts it down with :func:`stop_ray`)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    ray.init(**init_kwargs)
+    return True
+
+
+def stop_ray() -> None:
+    """Disconnect from Ray (and stop the local cluster this process started)."""
+    import ray
+
+    ray.shutdown()
+
+
+def new_actor(cls: type, options: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+    """A Ray actor of ``cls`` with Ray ``options`` (num_cpus, runtime_env...), constructed with
+    ``args``/``kwargs``; returns its handle at once (construction runs in the actor)."""
+    import ray
+
+    return ray.remote(cls).options(**options).remote(*args, **kwargs)
+
+
+async def call_all(
+    handles: Sequence[Any], method: str, *args: Any, timeout: float, what: str,
+    error: type[AgentRLError] = TimeoutError_, **kwargs: Any,
+) -> list[Any]:
+    """``handle.method(*args, **kwargs)`` on every handle at once; the results in order. A wait
+    past ``timeout`` seconds raises ``error`` naming ``what``; the first failure propagates."""
+    calls = [getattr(h, method).remote(*args, **kwargs) for h in handles]
+    return list(await timed(asyncio.gather(*calls), timeout, what, error))
+
+
+def kill(handle: Any) -> None:
+    """Stop an actor now, without restart (a fake's ``kill()`` for in-process doubles)."""
+    if hasattr(handle, "kill") and callable(handle.kill):
+        handle.kill()
+        return
+    import ray
+
+    with contextlib.suppress(Exception):  # already gone
+        ray.kill(handle, no_restart=True)
+
+
+async def shutdown_all(handles: Sequence[Any], timeout: float = 60.0) -> None:
+    """Ask each actor to ``shutdown()`` (bounded by ``timeout``), then kill every one."""
+    if handles:
+        try:
+            await asyncio.wait_for(asyncio.gather(*[h.shutdown.remote() for h in handles], return_exceptions=True), timeout)
+        except TimeoutError:
+            pass
+    for h in handles:
+        kill(h)
+
+
+def actor_died(exc: BaseException) -> str | None:
+    """When ``exc`` says the actor's process is gone (killed, out of memory, crashed), a short
+    description of how it died; None for any other failure (an exception raised by its code, a
+    timeout)."""
+    from ray.exceptions import RayActorError
+
+    how = getattr(exc, "died_how", None)  # in-process doubles say so themselves (engine.testing)
+    if isinstance(how, str):
+        return how
+    if not isinstance(exc, RayActorError):
+        return None
+    text = str(exc)
+    for needle in ("SIGKILL", "signal", "OOM", "out of memory", "exit code", "exited", "killed", "crash"):
+        i = text.find(needle)
+        if i >= 0:
+            line = text[max(0, text.rfind("\n", 0, i) + 1):].split("\n", 1)[0].strip()
+            return line[:300]
+    return text.strip().split("\n", 1)[0][:300] or type(exc).__name__

@@ -1,0 +1,35 @@
+"""The model a run starts from: a folder or hub id, built (``[model] build``) or imported
+(``[model] import``) on first use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from agentrl.config import Recipe
+
+__all__ = ["prepare_model"]
+
+
+def prepare_model(recipe: Recipe, rows: list[dict[str, Any]], log: Any = None) -> str:
+    """Return the model to load; first build a tiny one (``[model] build``) or import a GGUF one
+    (``[model] import``) there when the recipe asks and ``model.path`` is missing or empty."""
+    path = Path(recipe.model.path).absolute()  # actors on other nodes do not share our working directory
+    if (recipe.model.build is None and recipe.model.import_ is None) or (path.exists() and any(path.iterdir())):
+        return str(path) if path.is_dir() else recipe.model.path  # else a hub id
+    if recipe.model.import_ is not None:
+        from agentrl.models.importing import import_model
+
+        if log:
+            log.event(f"importing {recipe.model.import_} to {path} ({recipe.model.dtype})")
+        import_model(recipe.model.import_, path, dtype=recipe.model.dtype, overwrite=True)
+        return str(path)
+    from agentrl.envs.corpus import tokenizer_corpus
+    from agentrl.models.tiny import TinyModelSpec, build_tiny_model
+
+    spec = TinyModelSpec(**recipe.model.tiny.model_dump())
+    texts = tokenizer_corpus(recipe.env.id, rows, seed=recipe.model.tiny.seed)
+    if log:
+        log.event(f"building tiny model at {path} ({len(texts)} tokenizer texts)")
+    build_tiny_model(path, texts, spec)
+    return str(path)

@@ -1,0 +1,381 @@
+"""In-process doubles of the engine's actors, shipped beside the seam they stand in for (as
+httpx ships ``MockTransport``): with them the loop, the ledger, the fleet and learner failover run
+in unit tests without Ray, vLLM or torch.distributed, in seconds.
+
+The seam is the actor *handle*: the engine calls ``handle.method.remote(*args)`` and awaits the
+result. :func:`local_actor` wraps any object so that its methods answer such calls in the event
+loop; :meth:`LocalActor.kill` makes every later call fail the way a dead Ray actor's does.
+
+- :class:`FakeGenerator` implements :class:`~agentrl.engine.interfaces.Generator`: it "generates"
+  a fixed number of tokens labelled with the version it serves.
+- :class:`FakeWorker` plays groups of one-turn episodes on its generators (reward from the row),
+  and reports the episodes of a dead generator as infrastructure failures, as the real worker does.
+- :class:`FakeLearner` records what it trained; it writes version folders, checkpoints and
+  exports as small marker files, so the run-directory logic is the real one.
+- Hooks for :class:`~agentrl.engine.loop.RLLoop`: :class:`KillGenerator`, :class:`KillLearner`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentrl.engine.cluster import kill
+from agentrl.engine.generator import GeneratorCounters
+from agentrl.engine.interfaces import Generation, Generator
+from agentrl.engine.run_dir import version_folder
+from agentrl.engine.trajectory import Trajectory
+
+__all__ = [
+    "FakeActorDied",
+    "FakeGenerator",
+    "FakeLearner",
+    "FakeWorker",
+    "KillGenerator",
+    "KillLearner",
+    "LocalActor",
+    "local_actor",
+]
+
+
+class FakeActorDied(Exception):
+    """Raised by calls into a killed :class:`LocalActor` (the double of Ray's ActorDiedError);
+    ``died_how`` says how it died."""
+
+    def __init__(self, name: str, how: str = "killed by the test (SIGKILL)") -> None:
+        super().__init__(f"the actor {name} died: {how}")
+        self.died_how = how
+
+
+class _Method:
+    def __init__(self, actor: LocalActor, name: str) -> None:
+        self.actor, self.name = actor, name
+
+    def remote(self, *args: Any, **kwargs: Any) -> asyncio.Future:
+        """Run the method in the event loop; a future of its result."""
+        return asyncio.ensure_future(self.actor._call(self.name, args, kwargs))
+
+
+class LocalActor:
+    """``obj`` behind a Ray-actor-like handle: ``handle.method.remote(...)`` is awaitable."""
+
+    def __init__(self, obj: Any, name: str = "") -> None:
+        self.obj = obj
+        self.name = name or type(obj).__name__
+        self.dead = False
+
+    def __getattr__(self, name: str) -> _Method:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _Method(self, name)
+
+    async def _call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self.dead:
+            raise FakeActorDied(self.name)
+        result = getattr(self.obj, name)(*args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        if self.dead:  # it died while the call ran: the caller never sees the result
+            raise FakeActorDied(self.name)
+        return result
+
+    def kill(self) -> None:
+        """Die now: calls in progress and every later call raise FakeActorDied."""
+        self.dead = True
+
+
+def local_actor(obj: Any, name: str = "") -> LocalActor:
+    """``obj`` as an in-process actor handle."""
+    return LocalActor(obj, name)
+
+
+class FakeGenerator(GeneratorCounters, Generator):
+    """A generator that writes ``tokens`` copies of token 7 (log-prob ``-1.0``) per call, after
+    ``delay_s`` seconds, labelled with the version it serves."""
+
+    def __init__(self, version: int = 0, *, tokens: int = 4, delay_s: float = 0.0) -> None:
+        super().__init__(version)
+        self.tokens = tokens
+        self.delay_s = delay_s
+        self.loaded: list[tuple[int, str]] = []
+        """``(version, path)`` of every update."""
+
+    async def start(self) -> dict[str, Any]:
+        return {"fake": True, "version": self.version}
+
+    async def generate(self, prompt_token_ids: list[int], sampling: dict[str, Any]) -> Generation:
+        with self.busy:
+            await asyncio.sleep(self.delay_s)
+            n = min(self.tokens, int(sampling.get("max_tokens", self.tokens)))
+            self.tokens_generated += n
+            return Generation([7] * n, [-1.0] * n, [self.version] * n, "stop")
+
+    async def update_weights(self, version: int, path: str) -> float:
+        self.loaded.append((version, path))
+        self.version = version
+        self.update_stalls_s.append(0.0)
+        return 0.0
+
+    async def shutdown(self) -> None:
+        return None
+
+
+class FakeWorker:
+    """Plays one-turn episodes: prompt tokens ``[1, 2, 3]``, the generator's tokens, reward
+    ``reward(row, sample_index)`` (default: the row's ``"reward"``, else 1.0).
+
+    ``fail(prompt_index, group_id)`` returning True makes the whole group an infrastructure
+    failure (as a lost sandbox would); a dead generator does the same to the episodes on it.
+    ``delay_s(prompt_index)`` is how long the group runs on after its tokens were generated
+    (a tool call, a slow environment)."""
+
+    def __init__(
+        self, generators: list[Any], *, reward: Callable[[dict[str, Any], int], float] | None = None,
+        fail: Callable[[int, str], bool] | None = None, delay_s: Callable[[int], float] | None = None,
+    ) -> None:
+        self.generators = list(generators)
+        self.reward = reward or (lambda row, i: float(row.get("reward", 1.0)))
+        self.fail = fail or (lambda idx, gid: False)
+        self.delay_s = delay_s or (lambda idx: 0.0)
+        self.groups: list[str] = []
+        """Group ids played, in order."""
+        self.episodes: list[Trajectory] = []
+        """Every episode played, in order."""
+        self._turn = 0
+
+    def ping(self) -> bool:
+        return True
+
+    def set_generators(self, generators: list[Any]) -> None:
+        self.generators = list(generators)
+
+    async def run_group(
+        self, row: dict[str, Any], prompt_index: int, group_id: str, n: int, sampling: dict[str, Any] | None = None
+    ) -> list[Trajectory]:
+        self.groups.append(group_id)
+        gen = self.generators[self._turn % len(self.generators)]
+        self._turn += 1
+        out = []
+        for i in range(n):
+            status, error = "ok", ""
+            try:
+                g: Generation = await gen.generate.remote([1, 2, 3], {"max_tokens": 16, **(sampling or {})})
+            except Exception as exc:  # noqa: BLE001 - the generator is gone
+                status, error = "infra_failure", f"GeneratorError: {exc}"
+                g = Generation([], [], [], "abort")
+            if self.fail(prompt_index, group_id):
+                status, error = "infra_failure", "SandboxError: injected"
+            m = len(g.token_ids)
+            out.append(Trajectory(
+                tokens=[1, 2, 3, *g.token_ids], loss_mask=[0, 0, 0] + [1] * m, behaviour_logprobs=[0.0] * 3 + g.logprobs,
+                versions=[-1] * 3 + g.versions, reward=self.reward(row, i) if status == "ok" else 0.0, group_id=group_id,
+                sample_index=i, prompt_index=prompt_index, status=status, metrics={"turns": 1},
+                info={"error": error} if error else {},
+            ))
+        await asyncio.sleep(self.delay_s(prompt_index))
+        self.episodes.extend(out)
+        return out
+
+    async def shutdown(self) -> None:
+        return None
+
+
+class FakeLearner:
+    """A learner rank that trains nothing but records it.
+
+    ``trained`` (shared between the ranks and restarts a test creates) receives one entry per
+    step on rank 0: ``(step, [sample ids])``. ``step_delay_s`` makes a step take time."""
+
+    def __init__(self, *, rank: int = 0, trained: list[tuple[int, list[str]]] | None = None, step_delay_s: float = 0.0, **_: Any) -> None:
+        self.rank = rank
+        self.trained = trained if trained is not None else []
+        self.step_delay_s = step_delay_s
+        self.step = 0
+
+    def setup(self) -> dict[str, Any]:
+        return {"rank": self.rank, "fake": True}
+
+    async def train_step(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        await asyncio.sleep(self.step_delay_s)
+        self.step += 1
+        if self.rank == 0:
+            self.trained.append((self.step, [s["id"] for s in samples]))
+        return {"step": self.step, "trained_tokens": sum(sum(s["loss_mask"]) for s in samples), "loss": 0.0, "lr": 0.0}
+
+    def sft_step(self, batch: list[dict[str, Any]]) -> dict[str, Any]:
+        self.step += 1
+        return {"step": self.step, "trained_tokens": sum(len(b["tokens"]) for b in batch), "sft_loss": 0.0, "lr": 0.0}
+
+    def publish(self, out_dir: str, with_tokenizer: bool = False, serving_dtype: bool = False) -> str | None:
+        if self.rank != 0:
+            return None
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "config.json").write_text(json.dumps({"fake_step": self.step}))
+        return out_dir
+
+    def publish_version(self, weights_dir: str) -> int:
+        self.publish(str(version_folder(weights_dir, self.step)))
+        return self.step
+
+    def save_checkpoint(self, folder: str) -> None:
+        if self.rank == 0:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            (Path(folder) / "trainer_state.json").write_text(json.dumps({"step": self.step}))
+
+    def load_checkpoint(self, folder: str) -> None:
+        self.step = json.loads((Path(folder) / "trainer_state.json").read_text())["step"]
+
+    def weight_transfer_endpoint(self) -> tuple[str, int]:
+        return "127.0.0.1", 0
+
+    def connect_weight_transfer(self, *args: Any) -> None:
+        raise RuntimeError("the fake learner has no weight-transfer group")
+
+    def shutdown(self) -> None:
+        return None
+
+
+class KillGenerator:
+    """Loop hook: kill generator ``index`` once the learner reached ``after_step`` and groups are
+    in flight (as if its node was lost)."""
+
+    def __init__(self, after_step: int, index: int = 0) -> None:
+        self.step, self.index = after_step, index
+        self.done = False
+
+    async def on_round(self, loop: Any) -> None:
+        if not self.done and loop.version >= self.step and loop.pending:
+            loop.log.event(f"fault injection: killing generator {self.index} after step {loop.version}")
+            kill(loop.fleet.generators[self.index])
+            self.done = True
+
+    async def after_step(self, loop: Any) -> None:
+        return None
+
+
+class KillLearner:
+    """Loop hook: kill learner rank ``rank`` right after step ``after_step`` was logged (so the
+    next step, or the checkpoint after it, finds it dead)."""
+
+    def __init__(self, after_step: int, rank: int = 0) -> None:
+        self.step, self.rank = after_step, rank
+        self.done = False
+
+    async def on_round(self, loop: Any) -> None:
+        return None
+
+    async def after_step(self, loop: Any) -> None:
+        if not self.done and loop.version >= self.step:
+            kill(loop.learners.handles[self.rank])
+            self.done = True
+
+
+class FakeRun:
+    """The engine's real parts — ledger, staleness queue, fleet, publisher, learner group, loop,
+    checkpoints, failover — over the fakes above, in one directory ``root``. For tests::
+
+        run = FakeRun(tmp_path, rows=[{"reward": 1.0}] * 8, max_steps=3)
+        loop = asyncio.run(run.run())
+
+    ``worker``: keyword arguments of every :class:`FakeWorker`; ``learner``: of every
+    :class:`FakeLearner`; ``state``: a checkpoint's run state to resume from (None: the start).
+    """
+
+    def __init__(
+        self, root: Path, *, rows: list[dict[str, Any]], batch_size: int = 4, group_size: int = 2, max_staleness: int = 1,
+        max_steps: int = 3, num_generators: int = 1, num_workers: int = 1, checkpoint_every: int = 0, max_restarts: int = 0,
+        worker: dict[str, Any] | None = None, learner: dict[str, Any] | None = None, hooks: list[Any] | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
+        import io
+
+        from rich.console import Console
+
+        from agentrl.engine.batching import BatchSettings
+        from agentrl.engine.fleet import GeneratorFleet
+        from agentrl.engine.generator import EngineSettings
+        from agentrl.engine.learner_group import LearnerGroup
+        from agentrl.engine.loop import LoopSettings
+        from agentrl.engine.metrics import MetricsLogger
+        from agentrl.engine.publishing import WeightPublisher
+        from agentrl.engine.run_dir import RunDir
+
+        self.run_dir = RunDir(Path(root))
+        self.rows = rows
+        self.batch_size, self.group_size, self.max_staleness = batch_size, group_size, max_staleness
+        self.num_workers = num_workers
+        self.checkpoint_every, self.max_restarts = checkpoint_every, max_restarts
+        self.worker_kwargs = dict(worker or {})
+        self.hooks = list(hooks or [])
+        self.console = io.StringIO()
+        self.log = MetricsLogger(self.run_dir.root, console=Console(file=self.console, width=200), live=False)
+        self.trained: list[tuple[int, list[str]]] = []
+        """Every step any fake learner rank 0 took: ``(step, sample ids)`` (restarts included)."""
+        self.generators_made = 0
+        learner_kwargs = dict(learner or {})
+
+        def make_generator(settings: Any, version: int, index: int) -> LocalActor:
+            self.generators_made += 1
+            return local_actor(FakeGenerator(version), f"generator {index}")
+
+        self.learners = LearnerGroup(
+            num_ranks=1, placement=None, timeout_s=timeout_s,
+            factory=lambda rank, kwargs, options: local_actor(FakeLearner(rank=rank, trained=self.trained, **learner_kwargs), f"learner {rank}"),
+        )
+        self.fleet = GeneratorFleet(
+            factory=make_generator, settings=EngineSettings(model=str(root)), count=num_generators, log=self.log,
+            timeout_s=timeout_s, startup_timeout_s=timeout_s,
+        )
+        self.publisher = WeightPublisher(
+            fleet=self.fleet, learners=self.learners, run_dir=self.run_dir, log=self.log, weight_sync="disk",
+            sync_timeout_s=timeout_s, workers_per_generator=1, dtype="float32", keep_versions=3,
+        )
+        self.batch = BatchSettings(advantage="grpo")
+        self.settings = LoopSettings(
+            max_steps=max_steps, group_size=group_size, episode_timeout_s=timeout_s, stuck_timeout_s=3 * timeout_s,
+            checkpoint_every=checkpoint_every,
+        )
+
+    async def start(self, version: int = 0) -> None:
+        """Start the fake generators, learner and workers (at weight ``version``)."""
+        await self.fleet.start(version)
+        await self.learners.start({})
+        self.fleet.workers = [local_actor(FakeWorker(self.fleet.generators, **self.worker_kwargs), f"worker {i}") for i in range(self.num_workers)]
+
+    async def run(self, state: Any = None) -> Any:
+        """Start, then run the loop (with learner failover) from ``state``; the finished loop."""
+        from agentrl.engine.checkpointing import RunCheckpointer
+        from agentrl.engine.failover import LearnerFailover, run_with_failover
+        from agentrl.engine.ledger import PromptLedger
+        from agentrl.engine.loop import RLLoop
+        from agentrl.engine.staleness import StalenessQueue
+
+        await self.start(state.version if state is not None else 0)
+        if state is not None:
+            await self.learners.call("load_checkpoint", str(self.run_dir.checkpoint(state.version) / "learner"), what="loading the learner checkpoint")
+        checkpointer = RunCheckpointer(run_dir=self.run_dir, learners=self.learners, keep=2, tokenizer=None, log=self.log)
+        failover = LearnerFailover(
+            run_dir=self.run_dir, learners=self.learners, fleet=self.fleet, publisher=self.publisher,
+            learner_kwargs=lambda weights: {}, max_restarts=self.max_restarts, log=self.log,
+        )
+
+        async def run(at: Any) -> RLLoop:
+            queue = StalenessQueue(batch_size=self.batch_size, group_size=self.group_size, max_staleness=self.max_staleness)
+            kwargs = {"num_rows": len(self.rows), "group_size": self.group_size}
+            ledger = PromptLedger.restore(at, queue, **kwargs) if at is not None else PromptLedger(**kwargs)
+            loop = RLLoop(
+                rows=self.rows, queue=queue, ledger=ledger, fleet=self.fleet, publisher=self.publisher, learners=self.learners,
+                batch=self.batch, settings=self.settings, log=self.log, run_dir=self.run_dir, checkpoint=checkpointer.save,
+                version=at.version if at is not None else 0, hooks=self.hooks,
+            )
+            await loop.run()
+            return loop
+
+        try:
+            return await run_with_failover(run, failover, state)
+        finally:
+            self.fleet.cancel_reload()

@@ -1,0 +1,236 @@
+"""Recipe → plain arguments for every component: the one place that reads the recipe's sections
+on behalf of the engine's parts (they receive values, never the recipe).
+
+Pure functions: no Ray, no processes, no files touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from agentrl.config import Recipe
+from agentrl.engine.audit import episodes_audit_path, learner_audit_path
+from agentrl.engine.batching import BatchSettings
+from agentrl.engine.generator import EngineSettings
+from agentrl.engine.loop import LoopSettings
+
+__all__ = [
+    "ACTOR_ENV_VARS",
+    "ActorSpec",
+    "batch_settings",
+    "engine_settings",
+    "generator_actor",
+    "generator_count",
+    "learner_kwargs",
+    "ledger_kwargs",
+    "loop_settings",
+    "ray_init_kwargs",
+    "worker_kwargs",
+]
+
+ACTOR_ENV_VARS: dict[str, str] = {"VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "TQDM_DISABLE": "1"}
+"""Environment of every actor the engine starts: quiet vLLM, no tokenizer thread pools, no
+progress bars."""
+
+
+def ray_init_kwargs(recipe: Recipe) -> dict[str, Any]:
+    """``ray.init`` arguments: join ``ray.address`` when set, else start a local cluster with
+    enough CPUs for every actor (``ray.num_cpus`` overrides)."""
+    r = recipe
+    if r.ray.address:
+        return {"address": r.ray.address, "logging_level": "warning", "log_to_driver": True}
+    need = (
+        r.generator.num_generators * r.generator.num_cpus
+        + r.rollout.num_workers * r.rollout.num_cpus
+        + r.learner.num_ranks * r.learner.num_cpus
+    )
+    return {
+        "num_cpus": r.ray.num_cpus or max(2, int(need + 0.999)),
+        "include_dashboard": False,
+        "logging_level": "warning",
+        "log_to_driver": True,
+    }
+
+
+def learner_kwargs(
+    recipe: Recipe, *, model: str, tokenizer: str | None, run_dir: Path, stage: Literal["rl", "sft"] = "rl"
+) -> dict[str, Any]:
+    """Keyword arguments of every learner rank (:class:`agentrl.engine.learner.Learner`) except
+    ``rank``, ``world_size``, ``master_addr`` and ``master_port``.
+
+    ``model``: the weights to start from (the initial model, or a checkpoint's weights on a
+    resume); ``tokenizer``: the RL starting point the tokenizer and the KL reference come from
+    (None: ``model``). ``stage = "rl"`` trains the RL objective (``learner.lr_schedule`` over
+    ``max_steps * updates_per_batch`` steps, the KL term, the rollout temperature); ``"sft"``
+    the supervised warm-up with ``[sft]``'s rate, warm-up, threads and schedule over
+    ``sft.steps``."""
+    from agentrl.algos import ObjectiveSettings
+
+    r = recipe
+    lcfg, a = r.learner, r.algo
+    rl = stage == "rl"
+    objective = ObjectiveSettings(
+        policy_loss=a.policy_loss, clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip,
+        off_policy=a.off_policy, is_cap=a.is_cap, ratio_band=tuple(a.ratio_band) if a.ratio_band else None,
+        loss_agg=a.loss_agg, kl_coef=a.kl_coef if rl else 0.0, kl_estimator=a.kl_estimator,
+    )
+    if rl:
+        lr, warmup, threads = lcfg.lr, lcfg.warmup_steps, lcfg.torch_threads
+        total_steps: int | None = lcfg.max_steps * a.updates_per_batch
+        schedule = lcfg.lr_schedule
+    else:
+        lr, warmup, threads = r.sft.lr, r.sft.warmup_steps, r.sft.torch_threads
+        total_steps, schedule = r.sft.steps, r.sft.lr_schedule
+    return {
+        "world_size": lcfg.num_ranks,
+        "model": model,
+        "dtype": r.model.dtype,
+        "lr": lr,
+        "betas": lcfg.betas,
+        "weight_decay": lcfg.weight_decay,
+        "adam_eps": lcfg.adam_eps,
+        "grad_clip": lcfg.grad_clip,
+        "warmup_steps": warmup,
+        "lr_schedule": schedule,
+        "total_steps": total_steps,
+        "min_lr_ratio": lcfg.min_lr_ratio,
+        "micro_batch_tokens": lcfg.micro_batch_tokens,
+        "logprob_chunk_tokens": lcfg.logprob_chunk_tokens,
+        "activation_checkpointing": lcfg.activation_checkpointing,
+        "compute_entropy": lcfg.compute_entropy,
+        "objective": objective,
+        "updates_per_batch": a.updates_per_batch if rl else 1,
+        "proximal": a.proximal,
+        # on a resume ``model`` is a checkpoint: the KL anchor and the tokenizer stay the RL
+        # starting point
+        "reference_model": lcfg.reference_model or tokenizer or model,
+        "tokenizer": tokenizer or model,
+        "torch_threads": threads,
+        "timeout_s": lcfg.timeout_s,
+        "seed": r.seed,
+        "audit_path": str(learner_audit_path(run_dir)),
+        "temperature": r.rollout.temperature if rl else 1.0,
+    }
+
+
+def engine_settings(recipe: Recipe, *, model: str, tokenizer: str | None) -> EngineSettings:
+    """Settings of every vLLM engine, serving ``model`` with ``tokenizer`` (None: ``model``'s)."""
+    r = recipe
+    g = r.generator
+    return EngineSettings(
+        model=model,
+        tokenizer=tokenizer or model,
+        dtype=r.model.dtype,
+        max_model_len=g.max_model_len,
+        kv_cache_gib=g.kv_cache_gib,
+        gpu_memory_utilization=g.gpu_memory_utilization,
+        enforce_eager=g.enforce_eager,
+        enable_prefix_caching=g.enable_prefix_caching,
+        block_size=g.block_size,
+        cpu_threads_bind=g.cpu_threads_bind,
+        seed=r.seed,
+        weight_transfer=None if g.weight_sync == "disk" else g.weight_sync,
+        recompute_kv_on_update=g.recompute_kv_on_update,
+        # tensor parallelism inside the actor: vLLM's workers are processes that see the actor's
+        # GPUs (the Ray executor would ask Ray for GPUs the actor already holds)
+        extra={
+            **({"tensor_parallel_size": g.tensor_parallel_size, "distributed_executor_backend": "mp"} if g.tensor_parallel_size > 1 else {}),
+            **{k: v for k, v in (("max_num_seqs", g.max_num_seqs), ("max_num_batched_tokens", g.max_num_batched_tokens)) if v is not None},
+        },
+    )
+
+
+def worker_kwargs(recipe: Recipe, *, tokenizer: str, run_dir: Path) -> dict[str, Any]:
+    """Keyword arguments of every rollout worker (:class:`agentrl.engine.rollout.RolloutWorker`)
+    except ``generators``."""
+    r = recipe
+    ro = r.rollout
+    return {
+        "model": tokenizer,
+        "env_id": r.env.id,
+        "env_kwargs": r.env.kwargs,
+        "sandbox_kind": r.sandbox.type,
+        "sandbox_kwargs": {
+            "max_concurrency": r.sandbox.max_concurrency,
+            "timeout_s": r.sandbox.timeout_s,
+            "memory_mb": r.sandbox.memory_mb,
+            **({"preload": r.sandbox.preload} if r.sandbox.preload is not None else {}),
+        },
+        "sampling": {"temperature": ro.temperature, "top_p": ro.top_p, "stop": list(ro.stop)},
+        "max_new_tokens": ro.max_new_tokens,
+        "max_episode_tokens": min(ro.max_episode_tokens, r.generator.max_model_len),
+        "max_concurrent_episodes": ro.max_concurrent_episodes,
+        "generate_timeout_s": r.generator.timeout_s,
+        "seed": r.seed,
+        "audit_path": str(episodes_audit_path(run_dir)),
+        "seed_sampling": ro.seed_sampling,
+    }
+
+
+def batch_settings(recipe: Recipe) -> BatchSettings:
+    """How the recipe's ``[algo]`` turns rewards into advantages."""
+    a = recipe.algo
+    return BatchSettings(
+        advantage=a.advantage,
+        filter_zero_variance_groups=a.filter_zero_variance_groups,
+        overlong_max_tokens=a.overlong_max_tokens,
+        overlong_buffer_tokens=a.overlong_buffer_tokens,
+    )
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    """What to start as an actor: ``cls(*args, **kwargs)`` with Ray ``options``."""
+
+    cls: type
+    options: dict[str, Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def generator_actor(recipe: Recipe, settings: EngineSettings, version: int, index: int) -> ActorSpec:
+    """Generator number ``index`` serving ``settings.model`` as ``version``: a vLLM engine, or
+    with ``generator.backend = "http"`` a client of ``generator.urls[index]`` that loads
+    ``settings.model`` into the server when it is a local folder (an SFT stage, a resumed
+    checkpoint, a replacement mid-run); a hub id is taken to be what the server serves."""
+    g = recipe.generator
+    runtime_env = {"env_vars": ACTOR_ENV_VARS}
+    if g.backend == "http":
+        from agentrl.engine.http_generator import HttpGenerator
+
+        load = str(Path(settings.model).resolve()) if Path(settings.model).is_dir() else None
+        return ActorSpec(HttpGenerator, {"num_cpus": 0.1, "runtime_env": runtime_env}, (g.urls[index],),
+                         {"timeout_s": g.timeout_s, "version": version, "load": load})
+    from agentrl.engine.generator import VllmGenerator
+
+    options = {"num_cpus": g.num_cpus, "num_gpus": g.num_gpus, "resources": dict(g.resources) or None, "runtime_env": runtime_env}
+    return ActorSpec(VllmGenerator, options, (settings,), {"timeout_s": g.timeout_s, "version": version})
+
+
+def generator_count(recipe: Recipe) -> int:
+    """Generators of the run: one per URL with the HTTP backend, else ``num_generators``."""
+    g = recipe.generator
+    return len(g.urls) if g.backend == "http" else g.num_generators
+
+
+def loop_settings(recipe: Recipe) -> LoopSettings:
+    """The RL loop's numbers."""
+    r = recipe
+    return LoopSettings(
+        max_steps=r.learner.max_steps,
+        group_size=r.rollout.group_size,
+        episode_timeout_s=r.rollout.episode_timeout_s,
+        # each awaited item carries its own timeout; this outer one is a last guard
+        stuck_timeout_s=r.rollout.episode_timeout_s + r.learner.timeout_s + 2 * r.generator.timeout_s,
+        checkpoint_every=r.checkpoint.every_steps,
+        eval_every=r.eval.every_steps,
+    )
+
+
+def ledger_kwargs(recipe: Recipe, num_rows: int) -> dict[str, Any]:
+    """Arguments of the run's :class:`~agentrl.engine.ledger.PromptLedger` over ``num_rows``
+    dataset rows: a run stops when more groups are lost in a row than four per rollout worker
+    (plus four)."""
+    return {"num_rows": num_rows, "group_size": recipe.rollout.group_size, "max_lost_in_a_row": 4 * recipe.rollout.num_workers + 4}

@@ -1,0 +1,98 @@
+"""The package's import graph has no cycle, counting imports inside functions too (a cycle
+hidden by a function-level import is still two modules that cannot be understood apart)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "agentrl"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """The agentrl modules ``path`` imports (``from agentrl.x import y`` names module
+    ``agentrl.x.y`` when that is a module, else ``agentrl.x``); TYPE_CHECKING blocks excluded."""
+    tree = ast.parse(path.read_text())
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip |= {id(n) for n in ast.walk(node)}
+    here = module_name(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name in modules}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            if not base.startswith("agentrl"):
+                continue
+            for a in node.names:
+                full = f"{base}.{a.name}"
+                out.add(full if full in modules else base)
+    out.discard(here)
+    return {m for m in out if m in modules}
+
+
+def graph() -> dict[str, set[str]]:
+    files = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(f) for f in files}
+    g = {module_name(f): imports_of(f, modules) for f in files}
+    # a package's __init__ runs before any of its modules: importing agentrl.x.y imports agentrl.x
+    return g
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in g[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in g:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_in_agentrl():
+    assert cycles(graph()) == []
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
