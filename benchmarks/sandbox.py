@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 from _measure import busy_cpu_s, quantile, run_header, emit  # noqa: E402
 from agentrl.sandbox import BubblewrapSandbox  # noqa: E402
-from agentrl.sandbox.base import _base_python  # noqa: E402
+from agentrl.sandbox._layout import base_python  # noqa: E402
 
 SITE = sysconfig.get_paths()["purelib"]
 TRIVIAL = "print(1)"
@@ -94,7 +94,7 @@ class Subprocess:
     """The baseline: a fresh ``python -I -S -c`` per execution (sympy found via sys.path)."""
 
     def __init__(self, limit: int) -> None:
-        self.python = _base_python()
+        self.python = base_python()
         self.limiter = anyio.CapacityLimiter(limit)
 
     async def run(self, code: str) -> Outcome:

@@ -31,8 +31,10 @@ Covered:
 * **Fork bomb** (bwrap, docker; ``test_fork_bomb``). A process limit per execution:
   ``RLIMIT_NPROC`` counted in a user namespace of the execution's own (bwrap), the container's PID
   cgroup limit (docker); the deadline then kills the whole tree.
-* **Memory bomb** (all; ``test_memory_bomb``). ``RLIMIT_AS`` per process (``memory_mb``; in warm
-  mode on top of the warm interpreter's own address space): allocations fail with
+* **Memory bomb** (all; ``test_memory_bomb``). ``RLIMIT_AS`` per process: ``memory_mb`` on top of
+  the address space the interpreter holds when it is handed the code, on every backend and in every
+  mode (a fresh interpreter holds about 10 MB, a warm one with numpy and sympy about 200 MB; one
+  implementation, ``agentrl.sandbox._guest.apply_limits``): allocations fail with
   ``MemoryError`` and ``memory_exceeded`` is set; docker adds a cgroup memory limit per container
   (no swap). A process killed by SIGKILL the sandbox did not send also counts as memory exceeded.
 * **Infinite loop; sleeping past the deadline** (all; ``test_infinite_loop``,

@@ -1,9 +1,15 @@
-"""Code that runs *inside* a sandbox: the warm fork server, the Docker runner, the session child.
+"""Code that runs *inside* a sandbox: the one-shot prelude, the warm fork server, the Docker
+runner, the session child. The one in-sandbox runtime: every backend and mode sets its limits
+with :func:`apply_limits` (whose docstring says what each limit means) and runs the code here.
 
 This file is never imported by the engine: its source text is handed to the sandboxed interpreter
 as ``python -I -S -c <source> <mode> <config-json>`` (standard library only, no site-packages
-needed, Python >= 3.9). Host-side counterparts live in :mod:`agentrl.sandbox._tree`
-(bubblewrap, unsafe-local) and :mod:`agentrl.sandbox.docker`.
+needed, Python >= 3.9; see :mod:`agentrl.sandbox._launch`). Host-side counterparts live in
+:mod:`agentrl.sandbox._tree` (bubblewrap, unsafe-local) and :mod:`agentrl.sandbox.docker`.
+
+The one-shot paths (bubblewrap's per-execution mode, unsafe-local ``run``) start a fresh
+interpreter per execution; to keep that start fast they run only :func:`oneshot_prelude` and what
+it needs (:data:`ONESHOT_NAMES`), cut out of this file, rather than the whole of it.
 
 Modes (``sys.argv[1]``):
 
@@ -177,10 +183,25 @@ class Stream:
 
 
 def apply_limits(req, session_hard_as=None):
-    """Apply the request's rlimits to this process (inherited by everything it starts).
+    """Apply the request's limits to this process as rlimits (inherited by everything it starts).
 
-    ``memory_bytes`` is on top of the address space this process already has (a warm interpreter
-    that has imported numpy and sympy starts at ~200 MB of address space).
+    The only code that sets a sandbox's rlimits, on every backend and in every mode (the one-shot
+    prelude, warm trees, sessions, the Docker runner). Each limit has one meaning:
+
+    * ``memory_bytes``: ``RLIMIT_AS`` = this process's address space now (``VmSize``, read just
+      before the code is handed over) + ``memory_bytes``. So ``memory_mb`` is what the code may
+      *add* to the interpreter it runs in: a fresh ``python -I -S`` holds about 10 MB, a warm
+      worker that imported numpy and sympy about 200 MB. Processes the code starts inherit the
+      same absolute limit. Sessions (``session_hard_as``): the hard limit is fixed when the
+      session starts (its interpreter's ``VmSize`` then + ``session_memory_bytes``), each cell's
+      soft limit is ``VmSize`` at the cell's start + its ``memory_bytes``, never above the hard one.
+    * ``cpu_s``: ``RLIMIT_CPU`` = CPU seconds this process has used + ``cpu_s`` (hard: one more;
+      in a session the hard limit stays open, since the soft one moves with each cell).
+    * ``fsize``: ``RLIMIT_FSIZE``, bytes; ``nofile``: ``RLIMIT_NOFILE``; ``nproc``:
+      ``RLIMIT_NPROC`` (processes of this uid, counted per user namespace) when non-zero (Docker
+      sends 0: the container's PID limit counts instead). ``RLIMIT_CORE`` is always 0.
+
+    A limit is never raised above the hard limit the process already has.
     """
     import resource as R
 
@@ -217,6 +238,82 @@ def vm_size():
     except OSError:
         pass
     return 0
+
+
+def drop_privileges(uid):
+    """Become ``uid``/``uid`` with no supplementary groups (and so no capabilities), or raise."""
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    if (os.getuid(), os.geteuid(), os.getgid(), os.getegid()) != (uid, uid, uid, uid):
+        raise OSError("could not drop privileges to uid %d" % uid)
+
+
+def oneshot_prelude():
+    """The one-shot bootstrap (bubblewrap's per-execution mode, unsafe-local ``run``): set the
+    process up, then return the code object of the user's code, which the caller runs as
+    ``__main__`` with ``exec`` at module level (so the interpreter itself reports an uncaught
+    exception, runs ``atexit`` handlers and joins threads, as for any script).
+
+    Not a mode of this program: for a fast start the host runs only this function and the few
+    it needs (:data:`ONESHOT_NAMES`, cut out of this file) as ``python -I -S -c <them>
+    <marker_fd> <uid> <cpu_s> <memory_bytes> <fsize> <nofile> <nproc> [<sys.path entries,
+    colon-separated>]``, with the code on stdin (a uid of -1: keep the identity).
+
+    Order matters: drop privileges, apply the limits (:func:`apply_limits`), *then* write the
+    marker byte (proof that setup finished and the user's code is about to run, so anything after
+    it is the code's doing), close every inherited descriptor, read the code from stdin, save a
+    copy as ``./main.py`` (for source lines in tracebacks), clear this bootstrap's names from
+    ``__main__``, and hide its frames from tracebacks.
+    """
+    fd, uid, cpu, mem, fsize, nofile, nproc = (int(a) for a in sys.argv[1:8])
+    if uid >= 0:
+        drop_privileges(uid)
+    apply_limits({"cpu_s": cpu, "memory_bytes": mem, "fsize": fsize, "nofile": nofile, "nproc": nproc})
+    if len(sys.argv) > 8 and sys.argv[8]:
+        sys.path.extend(sys.argv[8].split(":"))
+    os.write(fd, b"1")
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) > 2:
+            try:
+                os.close(int(name))
+            except OSError:
+                pass
+    text = sys.stdin.buffer.read().decode("utf-8", "surrogatepass")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    filename = CODE_FILENAME
+    try:  # a copy on disk, so that tracebacks and inspect can show source lines
+        with open(filename, "w", encoding="utf-8", errors="surrogatepass") as f:
+            f.write(text)
+    except (OSError, ValueError):
+        pass
+
+    def excepthook(t, v, tb, _hook=sys.excepthook):
+        while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
+            tb = tb.tb_next
+        if isinstance(v, BaseException):
+            v.__traceback__ = tb
+        _hook(t, v, tb)
+
+    sys.excepthook = excepthook
+    import builtins
+
+    builtins.exit = builtins.quit = _exit_builtin
+    sys.argv = [filename]
+    sys.stdout.reconfigure(line_buffering=True)
+    g = sys.modules["__main__"].__dict__
+    for name in [n for n in g if not n.startswith("__")]:  # this bootstrap's own names
+        del g[name]
+    g["__file__"] = filename
+    return compile(text, filename, "exec", dont_inherit=True)
+
+
+#: What :func:`oneshot_prelude` needs of this file (the host cuts these out and runs them alone).
+ONESHOT_NAMES = (
+    "CODE_FILENAME", "vm_size", "apply_limits", "drop_privileges", "_exit_builtin", "oneshot_prelude",
+)
 
 
 def reset_process(env):
@@ -861,9 +958,7 @@ def server_main(cfg):
                     os._exit(71)
                 os.close(to_u_r)
                 os.close(from_u_w)
-                _drop_privileges(uid)
-                if (os.getuid(), os.geteuid(), os.getgid(), os.getegid()) != (uid,) * 4:
-                    raise OSError("could not drop privileges")
+                drop_privileges(uid)
                 chan = Packets(tree_end)
                 if kind == "exec":
                     run_one(chan, cfg["env"], "all")
@@ -1021,18 +1116,12 @@ class Capture:
             del self.tail[: len(self.tail) - 4096]
 
 
-def _drop_privileges(uid):
-    os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)
-
-
 def wipe_writable(uid, paths):
     """As the sandbox uid: empty ``paths`` and remove System V IPC objects (a forked helper)."""
     pid = os.fork()
     if pid == 0:
         try:
-            _drop_privileges(uid)
+            drop_privileges(uid)
             import shutil
 
             def onerror(func, path, _exc):
@@ -1178,7 +1267,7 @@ class Runner:
             try:
                 sock_r.close()
                 os.setsid()
-                _drop_privileges(self.uid)
+                drop_privileges(self.uid)
                 os.chdir("/tmp")
                 chan = Packets(sock_c)
                 if session:
@@ -1308,7 +1397,7 @@ def reaper_main(cfg):
     orphans; not dumpable, so the code (same uid) cannot trace it."""
     import ctypes
 
-    _drop_privileges(int(cfg["uid"]))
+    drop_privileges(int(cfg["uid"]))
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
     while True:

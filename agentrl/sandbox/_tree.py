@@ -6,7 +6,7 @@ sends it one request (header frame, the write ends of two fresh pipes for stdout
 code), reads both pipes itself with a cap, reads the tree's events (``started``, then ``exit`` for
 a one-shot tree, ``done`` or ``exit`` for a session cell), and at the deadline kills the tree's
 whole PID namespace (pidfd of ``I``) or process group (unsafe-local). Everything here is
-event-loop agnostic (anyio on raw descriptors), like :func:`agentrl.sandbox.base._run_process`.
+event-loop agnostic (anyio on raw descriptors), like :func:`agentrl.sandbox._process.run_process`.
 """
 
 from __future__ import annotations
@@ -23,16 +23,21 @@ from typing import Any
 
 import anyio
 
-from agentrl.sandbox.base import _DRAIN_GRACE_S, _Capture, _drain, _exited, _kill_group, _Raw
+from agentrl.sandbox._limits import Limits
+from agentrl.sandbox._process import (
+    DRAIN_GRACE_S,
+    Capture,
+    Raw,
+    drain,
+    exited,
+    kill_group,
+)
 
 _HDR = struct.Struct(">I")
 #: Largest event frame accepted from a tree (they are tiny; anything bigger is garbage).
 _MAX_EVENT = 1 << 16
 #: How long to wait for a killed tree to disappear before declaring the worker broken.
 _KILL_WAIT_S = 10.0
-
-#: The guest program's source text (run inside sandboxes with ``python -I -S -c``).
-GUEST_SOURCE = open(os.path.join(os.path.dirname(__file__), "_guest.py"), encoding="utf-8").read()
 
 
 def frame(obj: Any) -> bytes:  # the worker control channel and the Docker runner use frames
@@ -140,14 +145,14 @@ class Tree:
             except (ProcessLookupError, OSError):
                 pass
         if self.proc is not None and self.proc.returncode is None:
-            _kill_group(self.proc.pid)
+            kill_group(self.proc.pid)
 
     async def wait_dead(self) -> None:
         """Wait until the tree's init (or local process) has exited (its namespace is gone)."""
         if self.pidfd is not None:
             await anyio.wait_readable(self.pidfd)
         if self.proc is not None:
-            while not _exited(self.proc.pid):
+            while not exited(self.proc.pid):
                 await anyio.sleep(0.005)
             self.proc.wait()
 
@@ -180,30 +185,26 @@ class Outcome:
     """What running one request on a tree gave.
 
     Attributes:
-        raw: the observed run, for :func:`agentrl.sandbox.base._to_result`.
+        raw: the observed run, for :func:`agentrl.sandbox._process.to_result`.
         state_lost: the tree is gone (its ``U`` exited or was killed): a session must start over.
         error: set when the infrastructure failed (the tree reported a setup error, or vanished
             without reporting an exit it did not owe us): the caller raises SandboxError.
     """
 
-    raw: _Raw
+    raw: Raw
     state_lost: bool
     error: str | None = None
 
 
 def request_header(
-    *, code_len: int, timeout_s: float, memory_bytes: int, cpu_s: int, fsize: int, nofile: int,
-    nproc: int, session_memory_bytes: int | None = None,
+    limits: Limits, timeout_s: float, session_memory_bytes: int | None = None
 ) -> dict[str, Any]:
-    """The request frame the guest expects (see :func:`agentrl.sandbox._guest.apply_limits`)."""
+    """The request frame the guest expects: the deadline and ``limits`` (applied by
+    :func:`agentrl.sandbox._guest.apply_limits`); a session cell also sends the session's memory."""
     return {
-        "code_len": code_len,
+        "code_len": 0,
         "timeout_s": timeout_s,
-        "memory_bytes": memory_bytes,
-        "cpu_s": cpu_s,
-        "fsize": fsize,
-        "nofile": nofile,
-        "nproc": nproc,
+        **limits.request_fields(),
         "session_memory_bytes": session_memory_bytes,
     }
 
@@ -226,7 +227,7 @@ async def run_on_tree(
     """
     data = code.encode("utf-8", "surrogatepass")
     header = {**header, "code_len": len(data)}
-    out, err = _Capture(max_output_bytes), _Capture(max_output_bytes)
+    out, err = Capture(max_output_bytes), Capture(max_output_bytes)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     for fd in (out_r, err_r):
@@ -236,8 +237,8 @@ async def run_on_tree(
     started_at = time.monotonic()
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_drain, out_r, out)
-            tg.start_soon(_drain, err_r, err)
+            tg.start_soon(drain, out_r, out)
+            tg.start_soon(drain, err_r, err)
             with anyio.move_on_after(timeout_s) as scope:
                 try:
                     await tree.conn.send_request(header, data, (out_w, err_w))
@@ -270,7 +271,7 @@ async def run_on_tree(
                     elif state["status"] is None and not timed_out and not tree.conn.eof:
                         with anyio.move_on_after(1.0, shield=True):  # the server's exit report
                             await _read_events(tree, state, session)
-            tg.cancel_scope.deadline = anyio.current_time() + _DRAIN_GRACE_S
+            tg.cancel_scope.deadline = anyio.current_time() + DRAIN_GRACE_S
     finally:
         if not ended:  # cancelled from outside: nothing of the tree may survive the caller
             tree.kill()
@@ -290,7 +291,7 @@ async def run_on_tree(
     if error is None and not timed_out and state["done"] is None and state["status"] is None:
         if local is None:
             error = "the sandbox worker died during the execution (no exit status was reported)"
-    raw = _Raw(out, err, returncode, timed_out, bool(state["started"]), wall_s)
+    raw = Raw(out, err, returncode, timed_out, bool(state["started"]), wall_s)
     return Outcome(raw=raw, state_lost=state["done"] is None, error=error)
 
 

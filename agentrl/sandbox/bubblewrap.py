@@ -29,12 +29,13 @@ share its network namespace); there are at most ``max_concurrency`` workers, lau
 the background (executions that find no ready worker meanwhile run on the per-execution path) or
 ahead with :meth:`BubblewrapSandbox.start`. A worker that dies or misbehaves is killed and
 replaced; the execution it was running raises :class:`~agentrl.errors.SandboxError`.
-``memory_mb`` is on top of the warm interpreter's own address space (about 200 MB with numpy and
-sympy).
+``memory_mb`` is on top of the interpreter's own address space, as in every mode (here the warm
+interpreter's: about 200 MB with numpy and sympy).
 
 **Per-execution mode** (``warm=False``). Each execution is a fresh ``bwrap`` container running
-``python -I -S`` with a prelude that applies the limits (about 30 ms per execution, plus the
-imports the code does).
+``python -I -S`` with the guest runtime's one-shot prelude, which applies the limits
+(:func:`agentrl.sandbox._guest.oneshot_prelude`; about 30 ms per execution, plus the imports the
+code does).
 
 **Sessions** (:meth:`BubblewrapSandbox.session`): a tree whose ``U`` keeps one ``__main__``
 namespace across calls; it also gets a network namespace of its own. In warm mode it is forked by
@@ -66,7 +67,6 @@ import json
 import logging
 import os
 import shutil
-import site
 import socket
 import subprocess
 import sys
@@ -80,17 +80,22 @@ from typing import Any
 import anyio
 
 from agentrl.errors import ConfigError, SandboxError, SandboxUnavailable
-from agentrl.sandbox._common import _header, _SandboxBase, _TreeSession
-from agentrl.sandbox._tree import GUEST_SOURCE, AsyncConn, Tree, frame, run_on_tree
-from agentrl.sandbox.base import (
-    ExecResult,
-    _base_python,
-    _kill_group,
-    _Limits,
-    _python_argv,
-    _run_process,
-    _to_result,
+from agentrl.sandbox._backend import SandboxBase, TreeSession
+from agentrl.sandbox._launch import NO_UID, guest_argv, oneshot_argv
+from agentrl.sandbox._layout import (
+    SANDBOX_ENV,
+    SANDBOX_UID,
+    SITE_MOUNT,
+    SYSTEM_PATHS,
+    TMPFS_BYTES,
+    is_within,
+    resolve_python,
+    site_packages_binds,
 )
+from agentrl.sandbox._limits import Limits
+from agentrl.sandbox._process import kill_group, run_process, to_result
+from agentrl.sandbox._tree import AsyncConn, Tree, frame, request_header, run_on_tree
+from agentrl.sandbox.base import ExecResult
 
 __all__ = [
     "BubblewrapSandbox", "BubblewrapSession", "DEFAULT_PRELOAD", "DEFAULT_WARMUP", "PoolStats",
@@ -98,23 +103,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The unprivileged identity the code runs as (``nobody``/``nogroup`` on Debian).
-SANDBOX_UID = 65534
-#: Size of the private ``/tmp`` tmpfs of each execution (bytes of host memory at most); warm trees
-#: get one of this size for ``/tmp`` and one for ``/dev/shm``.
-TMPFS_BYTES = 128 * 1024 * 1024
-#: The environment inside the sandbox (everything else is cleared).
-SANDBOX_ENV = {
-    "PATH": "/usr/local/bin:/usr/bin:/bin",
-    "HOME": "/tmp",
-    "LANG": "C.UTF-8",
-    "PYTHONDONTWRITEBYTECODE": "1",
-}
-#: System paths bound read-only when present (symlinks, e.g. merged-/usr ``/lib -> usr/lib``, are
-#: recreated as symlinks).
-SYSTEM_PATHS = ("/usr", "/bin", "/lib", "/lib64", "/etc/alternatives", "/etc/ld.so.cache")
-#: Where the site-packages directories are bound inside (``/opt/site/0``, ``/opt/site/1``, ...).
-SITE_MOUNT = "/opt/site"
 #: Modules a warm worker imports when ``preload`` is not given (those that are installed).
 DEFAULT_PRELOAD = ("numpy", "sympy")
 #: Code a warm worker runs once after its imports when ``warmup`` is not given: it pulls in the
@@ -144,8 +132,6 @@ _INSTALL_HINT = (
     "`apt-get install bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap` (Fedora), "
     "or choose another sandbox kind"
 )
-
-_PRINT_PREFIXES = "import sys; print(sys.base_prefix); print(sys.base_exec_prefix)"
 
 # Creates a user namespace and waits on stdin, so that the parent (root) can write its uid/gid maps
 # and open /proc/<pid>/ns/user. 0x10000000 is CLONE_NEWUSER.
@@ -179,15 +165,16 @@ class PoolStats:
     trees_reused: int = 0
 
 
-class BubblewrapSandbox(_SandboxBase):
+class BubblewrapSandbox(SandboxBase):
     """Runs code in bubblewrap containers as an unprivileged user (Linux only).
 
     Args:
         max_concurrency: most executions running at once (and, in warm mode, most workers);
             further ``run`` calls wait for a slot.
         timeout_s: default wall-clock deadline per execution, in seconds.
-        memory_mb: default address-space limit (RLIMIT_AS) per process, in MiB; in warm mode on top
-            of the warm interpreter's own address space.
+        memory_mb: default address space (RLIMIT_AS) each process may add to the interpreter's
+            when it is handed the code, in MiB (a fresh one holds about 10 MB, a warm one about
+            200 MB; see :meth:`agentrl.sandbox.Sandbox.run`).
         max_output_bytes: how much of stdout, and of stderr, is kept per execution (bytes).
         max_processes: most processes/threads the code may have at once (RLIMIT_NPROC, counted per
             execution), the interpreter's main thread included.
@@ -247,7 +234,7 @@ class BubblewrapSandbox(_SandboxBase):
             raise SandboxUnavailable(_INSTALL_HINT)
         self.startup_timeout_s = float(startup_timeout_s)
         self._bwrap = bwrap
-        self._python, prefixes = _resolve_python(python)
+        self._python, prefixes = resolve_python(python)
         self._privileged = os.geteuid() == 0
         if warm and not self._privileged:
             log.warning(
@@ -255,10 +242,7 @@ class BubblewrapSandbox(_SandboxBase):
                 "execution instead (isolated, but each execution starts an interpreter)"
             )
         self.warm = bool(warm) and self._privileged
-        if site_packages is None:
-            site_packages = _default_site_packages() if python is None else []
-        self.site_packages = [os.path.realpath(p) for p in site_packages if os.path.isdir(p)]
-        self._site_inside = [f"{SITE_MOUNT}/{i}" for i in range(len(self.site_packages))]
+        self.site_packages, self._site_inside = site_packages_binds(site_packages, python)
         if preload is None:
             self.preload = [m for m in DEFAULT_PRELOAD if _importable(m, self.site_packages)]
             self._strict_preload = False
@@ -349,11 +333,11 @@ class BubblewrapSandbox(_SandboxBase):
 
     # -- per-execution mode ------------------------------------------------------------------
 
-    async def _run_cold(self, code: str, timeout: float, limits: _Limits) -> ExecResult:
+    async def _run_cold(self, code: str, timeout: float, limits: Limits) -> ExecResult:
         self.stats.cold_runs += 1
         userns = self._take_userns()
         try:
-            raw = await _run_process(
+            raw = await run_process(
                 lambda marker_fd: self._argv(marker_fd, limits, userns),
                 code=code,
                 env={"PATH": "/usr/bin:/bin"},
@@ -364,7 +348,7 @@ class BubblewrapSandbox(_SandboxBase):
         finally:
             if userns is not None:
                 self._userns_pool.append(userns)
-        return _to_result(raw, what="bubblewrap sandbox")
+        return to_result(raw, what="bubblewrap sandbox")
 
     def _take_userns(self) -> int | None:
         if not self._privileged:
@@ -373,11 +357,11 @@ class BubblewrapSandbox(_SandboxBase):
             self._userns_pool.append(_new_userns())
         return self._userns_pool.pop()
 
-    def _argv(self, marker_fd: int, limits: _Limits, userns: int | None) -> list[str]:
+    def _argv(self, marker_fd: int, limits: Limits, userns: int | None) -> list[str]:
         if userns is None:
             uid = str(SANDBOX_UID)
             head = [self._bwrap, "--unshare-all", "--uid", uid, "--gid", uid]
-            drop_to = -1
+            drop_to = NO_UID
         else:
             head = [
                 self._bwrap, "--userns", str(userns),
@@ -387,14 +371,12 @@ class BubblewrapSandbox(_SandboxBase):
                 "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
             ]
             drop_to = SANDBOX_UID
-        python = _python_argv(
-            self._python, marker_fd, limits, drop_to, sys_path=self._site_inside
-        )
+        python = oneshot_argv(self._python, marker_fd, limits, drop_to, sys_path=self._site_inside)
         return [*head, *self._static_args, *self._site_args(), "--", *python]
 
     # -- warm mode ---------------------------------------------------------------------------
 
-    async def _run_warm(self, code: str, timeout: float, limits: _Limits) -> ExecResult:
+    async def _run_warm(self, code: str, timeout: float, limits: Limits) -> ExecResult:
         for attempt in range(2):
             worker = self._ready_worker()
             if worker is None:
@@ -415,7 +397,7 @@ class BubblewrapSandbox(_SandboxBase):
         ok = False
         try:
             outcome = await run_on_tree(
-                tree, code, _header(limits, timeout), timeout_s=timeout,
+                tree, code, request_header(limits, timeout), timeout_s=timeout,
                 max_output_bytes=self.max_output_bytes, session=False,
             )
             ok = outcome.error is None
@@ -427,7 +409,7 @@ class BubblewrapSandbox(_SandboxBase):
             self._release(worker, ok)
         if outcome.error is not None:
             raise SandboxError(f"bubblewrap sandbox (warm worker): {outcome.error}")
-        return _to_result(outcome.raw, what="bubblewrap sandbox (warm worker)")
+        return to_result(outcome.raw, what="bubblewrap sandbox (warm worker)")
 
     def _ready_worker(self) -> _Worker | None:
         """An idle, ready worker, or ``None`` (then one more is launched if there is room).
@@ -526,7 +508,7 @@ class BubblewrapSandbox(_SandboxBase):
             "tmpfs_bytes": TMPFS_BYTES,
             "prefork": PREFORK if preload else 1,
         }
-        python = [self._python, "-I", "-S", "-c", GUEST_SOURCE, "server", json.dumps(config)]
+        python = guest_argv(self._python, "server", config)
         return [*head, *self._static_args, *self._site_args(), "--", *python]
 
     # -- shared ------------------------------------------------------------------------------
@@ -551,7 +533,7 @@ class BubblewrapSandbox(_SandboxBase):
                 args += ["--ro-bind", path, path]
                 bound.append(os.path.realpath(path))
         for prefix in prefixes:
-            if any(_is_within(prefix, b) for b in bound):
+            if any(is_within(prefix, b) for b in bound):
                 continue
             # Parents are created 0755 explicitly: bwrap would copy the host's modes (e.g. 0700
             # for /root), which uid 65534 could not traverse.
@@ -722,7 +704,7 @@ class _Worker:
         """Kill the container (and with it every tree it forked); idempotent."""
         self.dead = True
         if self.proc is not None and self.proc.returncode is None:
-            _kill_group(self.proc.pid)
+            kill_group(self.proc.pid)
             try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -745,7 +727,7 @@ class _Worker:
         return f": {text}" if text else ""
 
 
-class BubblewrapSession(_TreeSession):
+class BubblewrapSession(TreeSession):
     """A session of a :class:`BubblewrapSandbox` (see :class:`agentrl.sandbox.SandboxSession`).
 
     Attributes:
@@ -793,17 +775,6 @@ class BubblewrapSession(_TreeSession):
         return await self._own_worker.take("session")
 
 
-def _default_site_packages() -> list[str]:
-    """The running interpreter's site-packages directories (its virtualenv's, if any)."""
-    paths: list[str] = []
-    candidates = [*site.getsitepackages(), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
-    for path in candidates:
-        real = os.path.realpath(path)
-        if os.path.isdir(real) and real not in paths:
-            paths.append(real)
-    return paths
-
-
 def _importable(module: str, site_packages: Sequence[str]) -> bool:
     """Whether ``module`` is in the standard library or one of ``site_packages``."""
     spec = importlib.util.find_spec(module)
@@ -811,11 +782,7 @@ def _importable(module: str, site_packages: Sequence[str]) -> bool:
         return False
     origin = os.path.realpath(spec.origin)
     stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
-    return any(_is_within(origin, p) for p in [*site_packages, stdlib])
-
-
-def _is_within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
+    return any(is_within(origin, p) for p in [*site_packages, stdlib])
 
 
 def _bwrap_supports(bwrap: str, option: str) -> bool:
@@ -824,30 +791,6 @@ def _bwrap_supports(bwrap: str, option: str) -> bool:
     except (OSError, subprocess.SubprocessError):
         return False
     return option in text
-
-
-def _resolve_python(python: str | None) -> tuple[str, list[str]]:
-    """The interpreter's real path and the installation prefixes to bind for it."""
-    if python is None:
-        exe = _base_python()
-        prefixes = {sys.base_prefix, sys.base_exec_prefix}
-    else:
-        found = shutil.which(python)
-        if found is None:
-            raise SandboxError(f"bubblewrap sandbox: python interpreter {python!r} not found")
-        exe = os.path.realpath(found)
-        try:
-            out = subprocess.run(
-                [exe, "-I", "-S", "-c", _PRINT_PREFIXES],
-                capture_output=True, text=True, timeout=30, check=True, env={},
-            ).stdout.split("\n")
-        except (OSError, subprocess.SubprocessError) as exc:
-            raise SandboxError(f"bubblewrap sandbox: cannot run python {exe!r}: {exc}") from exc
-        prefixes = {out[0], out[1]}
-    paths = {os.path.realpath(p) for p in prefixes if p}
-    if not any(_is_within(exe, p) for p in paths) and not _is_within(exe, "/usr"):
-        paths.add(os.path.dirname(exe))
-    return exe, sorted(paths)
 
 
 def _new_userns() -> int:

@@ -48,19 +48,21 @@ import anyio
 import anyio.to_thread
 
 from agentrl.errors import ConfigError, SandboxError, SandboxUnavailable
-from agentrl.sandbox._common import _SandboxBase, _SessionBase
-from agentrl.sandbox._tree import GUEST_SOURCE, frame
-from agentrl.sandbox.base import ExecResult, _Capture, _Limits, _Raw, _to_result
-from agentrl.sandbox.bubblewrap import (
+from agentrl.sandbox._backend import SandboxBase, SessionBase
+from agentrl.sandbox._launch import guest_argv
+from agentrl.sandbox._layout import (
     SANDBOX_ENV,
     SANDBOX_UID,
-    SITE_MOUNT,
     SYSTEM_PATHS,
     TMPFS_BYTES,
-    _default_site_packages,
-    _is_within,
-    _resolve_python,
+    is_within,
+    resolve_python,
+    site_packages_binds,
 )
+from agentrl.sandbox._limits import Limits
+from agentrl.sandbox._process import Capture, Raw, to_result
+from agentrl.sandbox._tree import frame
+from agentrl.sandbox.base import ExecResult
 
 __all__ = ["DockerSandbox", "DockerSession", "IMAGE_REPOSITORY", "ensure_image", "image_tag"]
 
@@ -182,13 +184,14 @@ class _Container:
     healthy: bool = True
 
 
-class DockerSandbox(_SandboxBase):
+class DockerSandbox(SandboxBase):
     """Runs code in a pool of locked-down Docker containers, one ``docker exec`` per execution.
 
     Args:
         max_concurrency: most executions (and sessions) at once; also the most containers.
         timeout_s: default wall-clock deadline per execution, in seconds.
-        memory_mb: default address-space limit (RLIMIT_AS) per process of the code, in MiB.
+        memory_mb: default address space (RLIMIT_AS) each process of the code may add to the
+            interpreter's when it is handed the code, in MiB (see :meth:`agentrl.sandbox.Sandbox.run`).
         max_output_bytes: how much of stdout, and of stderr, is kept per execution (bytes).
         max_processes: most processes the code may have at once (the container's PID limit
             leaves ``16`` more for the container's own processes).
@@ -239,11 +242,8 @@ class DockerSandbox(_SandboxBase):
         self.cpus = float(cpus)
         self.container_memory_mb = int(container_memory_mb or memory_mb + _MEMORY_HEADROOM_MB)
         self.grace_s = float(grace_s)
-        self._python, prefixes = _resolve_python(python)
-        if site_packages is None:
-            site_packages = _default_site_packages() if python is None else []
-        self.site_packages = [os.path.realpath(p) for p in site_packages if os.path.isdir(p)]
-        self._site_inside = [f"{SITE_MOUNT}/{i}" for i in range(len(self.site_packages))]
+        self._python, prefixes = resolve_python(python)
+        self.site_packages, self._site_inside = site_packages_binds(site_packages, python)
         self._binds = self._build_binds(prefixes)
         self._client = _docker_client()
         self.image = ensure_image(self._client)
@@ -313,15 +313,12 @@ class DockerSandbox(_SandboxBase):
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _request(self, op: str, limits: _Limits, timeout: float, **extra: Any) -> dict[str, Any]:
+    def _request(self, op: str, limits: Limits, timeout: float, **extra: Any) -> dict[str, Any]:
         return {
             "op": op,
             "timeout_s": timeout,
             "max_output": self.max_output_bytes,
-            "memory_bytes": limits.memory_bytes,
-            "cpu_s": limits.cpu_s,
-            "fsize": limits.fsize_bytes,
-            "nofile": limits.nofile,
+            **limits.request_fields(),
             "nproc": 0,  # the container's PID limit counts the processes (uids are host-wide)
             **extra,
         }
@@ -336,7 +333,7 @@ class DockerSandbox(_SandboxBase):
             returncode = int(result["exit_code"])
         else:
             returncode = -9
-        out_cap, err_cap = _Capture(self.max_output_bytes), _Capture(self.max_output_bytes)
+        out_cap, err_cap = Capture(self.max_output_bytes), Capture(self.max_output_bytes)
         out_cap.data += out
         err_cap.data += err
         err_cap.tail += err[-4096:]
@@ -344,11 +341,11 @@ class DockerSandbox(_SandboxBase):
             err_cap.tail += b"\nMemoryError"
         out_cap.truncated = bool(result.get("out_truncated"))
         err_cap.truncated = bool(result.get("err_truncated"))
-        raw = _Raw(
+        raw = Raw(
             out_cap, err_cap, returncode, bool(result.get("timed_out")),
             bool(result.get("started")), float(result.get("wall_s", 0.0)),
         )
-        return _to_result(raw, what=what, state_lost=bool(result.get("state_lost", False)))
+        return to_result(raw, what=what, state_lost=bool(result.get("state_lost", False)))
 
     async def _acquire(self) -> _Container:
         while self._idle:
@@ -370,11 +367,10 @@ class DockerSandbox(_SandboxBase):
         return _Container(cid)
 
     def _create_sync(self) -> str:
-        config = json.dumps({"uid": SANDBOX_UID})
         try:
             container = self._client.containers.run(
                 self.image,
-                command=[self._python, "-I", "-S", "-c", GUEST_SOURCE, "reaper", config],
+                command=guest_argv(self._python, "reaper", {"uid": SANDBOX_UID}),
                 detach=True,
                 # Started as root only so that `docker exec -u 0` gets the three capabilities
                 # (Docker clears them for non-root containers); PID 1 drops to 65534 at once.
@@ -418,7 +414,7 @@ class DockerSandbox(_SandboxBase):
                 binds[real] = {"bind": path, "mode": "ro"}
                 bound.append(real)
         for prefix in prefixes:
-            if not any(_is_within(prefix, b) for b in bound):
+            if not any(is_within(prefix, b) for b in bound):
                 binds[prefix] = {"bind": prefix, "mode": "ro"}
                 bound.append(prefix)
         for host, inside in zip(self.site_packages, self._site_inside, strict=True):
@@ -433,7 +429,7 @@ class DockerSandbox(_SandboxBase):
             "wipe": list(WIPE_PATHS),
             "site": self._site_inside,
         }
-        return [self._python, "-I", "-S", "-c", GUEST_SOURCE, "runner", json.dumps(config)]
+        return guest_argv(self._python, "runner", config)
 
 
 class _RunnerExec:
@@ -586,7 +582,7 @@ class _RunnerExec:
         return f": {text[-2000:]}" if text else ""
 
 
-class DockerSession(_SessionBase):
+class DockerSession(SessionBase):
     """A session of a :class:`DockerSandbox` (see :class:`agentrl.sandbox.SandboxSession`).
 
     It holds one container (and one concurrency slot of the sandbox) from :meth:`start` to

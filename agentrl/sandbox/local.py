@@ -11,7 +11,6 @@ Never point it at code you would not run by hand.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -20,16 +19,19 @@ import subprocess
 import tempfile
 
 from agentrl.errors import SandboxError
-from agentrl.sandbox._common import _SandboxBase, _TreeSession
-from agentrl.sandbox._tree import GUEST_SOURCE, AsyncConn, Tree
-from agentrl.sandbox.base import ExecResult, _base_python, _python_argv, _run_process, _to_result
+from agentrl.sandbox._backend import SandboxBase, TreeSession
+from agentrl.sandbox._launch import guest_argv, oneshot_argv
+from agentrl.sandbox._layout import base_python
+from agentrl.sandbox._process import run_process, to_result
+from agentrl.sandbox._tree import AsyncConn, Tree
+from agentrl.sandbox.base import ExecResult
 
 __all__ = ["UnsafeLocalSandbox", "UnsafeLocalSession"]
 
 log = logging.getLogger(__name__)
 
 
-class UnsafeLocalSandbox(_SandboxBase):
+class UnsafeLocalSandbox(SandboxBase):
     """UNSAFE: runs code in a plain local subprocess (``python -I``), with rlimits but no isolation.
 
     Same arguments and results as :class:`~agentrl.sandbox.BubblewrapSandbox`. Each execution gets
@@ -41,7 +43,8 @@ class UnsafeLocalSandbox(_SandboxBase):
     Args:
         max_concurrency: most executions running at once.
         timeout_s: default wall-clock deadline per execution, in seconds.
-        memory_mb: default address-space limit (RLIMIT_AS) per process, in MiB.
+        memory_mb: default address space (RLIMIT_AS) each process may add to the interpreter's
+            when it is handed the code, in MiB (see :meth:`agentrl.sandbox.Sandbox.run`).
         max_output_bytes: how much of stdout, and of stderr, is kept per execution (bytes).
         max_processes: RLIMIT_NPROC (counted over *all* processes of the calling user; not
             enforced for root).
@@ -64,7 +67,7 @@ class UnsafeLocalSandbox(_SandboxBase):
             max_output_bytes=max_output_bytes, max_processes=max_processes,
         )
         if python is None:
-            self._python = _base_python()
+            self._python = base_python()
         else:
             found = shutil.which(python)
             if found is None:
@@ -84,15 +87,15 @@ class UnsafeLocalSandbox(_SandboxBase):
         timeout, limits = self._run_limits("UnsafeLocalSandbox", timeout_s, memory_mb)
         async with self._limiter.get():
             with tempfile.TemporaryDirectory(prefix="agentrl-sandbox-") as workdir:
-                raw = await _run_process(
-                    lambda marker_fd: _python_argv(self._python, marker_fd, limits),
+                raw = await run_process(
+                    lambda marker_fd: oneshot_argv(self._python, marker_fd, limits),
                     code=code,
                     env=_local_env(workdir),
                     cwd=workdir,
                     timeout_s=timeout,
                     max_output_bytes=self.max_output_bytes,
                 )
-        return _to_result(raw, what="unsafe-local sandbox")
+        return to_result(raw, what="unsafe-local sandbox")
 
     def session(self, *, memory_mb: int | None = None) -> UnsafeLocalSession:
         """A notebook-like session (see :class:`agentrl.sandbox.SandboxSession`), just as unsafe:
@@ -116,7 +119,7 @@ def _local_env(workdir: str) -> dict[str, str]:
     }
 
 
-class UnsafeLocalSession(_TreeSession):
+class UnsafeLocalSession(TreeSession):
     """UNSAFE: a session of an :class:`UnsafeLocalSandbox` (see
     :class:`agentrl.sandbox.SandboxSession`).
 
@@ -142,7 +145,7 @@ class UnsafeLocalSession(_TreeSession):
         config = {"fd": child_end.fileno(), "env": _local_env(self._workdir), "cwd": self._workdir}
         try:
             proc = subprocess.Popen(
-                [self.sandbox._python, "-I", "-S", "-c", GUEST_SOURCE, "session", json.dumps(config)],
+                guest_argv(self.sandbox._python, "session", config),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 env=_local_env(self._workdir), cwd=self._workdir, pass_fds=(child_end.fileno(),),
                 start_new_session=True,

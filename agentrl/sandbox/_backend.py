@@ -1,27 +1,54 @@
-"""Pieces the sandbox backends (:mod:`~agentrl.sandbox.bubblewrap`, :mod:`~agentrl.sandbox.docker`,
-:mod:`~agentrl.sandbox.local`) share: the common settings and context-manager plumbing of a
-sandbox, and of a session, and the session whose interpreter is a :class:`~agentrl.sandbox._tree.Tree`.
+"""What the sandbox backends (:mod:`~agentrl.sandbox.bubblewrap`, :mod:`~agentrl.sandbox.docker`,
+:mod:`~agentrl.sandbox.local`) are built on: the settings, concurrency limiter, session registry
+and context-manager plumbing of a sandbox (:class:`SandboxBase`) and of a session
+(:class:`SessionBase`), and the session whose interpreter is a :class:`~agentrl.sandbox._tree.Tree`
+(:class:`TreeSession`).
 """
 
 from __future__ import annotations
 
 from typing import Any, TypeVar
 
+import anyio
+import sniffio
+
 from agentrl.errors import SandboxError
+from agentrl.sandbox._limits import Limits, check_settings, run_settings
+from agentrl.sandbox._process import to_result
 from agentrl.sandbox._tree import Tree, request_header, run_on_tree
-from agentrl.sandbox.base import (
-    ExecResult,
-    _check_settings,
-    _Limits,
-    _LoopLocal,
-    _run_settings,
-    _to_result,
-)
+from agentrl.sandbox.base import ExecResult
 
 _S = TypeVar("_S")
 
 
-class _SandboxBase:
+class LoopLocal:
+    """A :class:`anyio.CapacityLimiter` per event loop (anyio primitives are bound to one loop)."""
+
+    def __init__(self, total_tokens: int) -> None:
+        self._total = total_tokens
+        self._key: object = None
+        self._limiter: anyio.CapacityLimiter | None = None
+
+    def get(self) -> anyio.CapacityLimiter:
+        """The limiter for the running event loop (created on first use in that loop)."""
+        key = _loop_key()
+        if self._limiter is None or key is not self._key:
+            self._key, self._limiter = key, anyio.CapacityLimiter(self._total)
+        return self._limiter
+
+
+def _loop_key() -> object:
+    """An object identifying the running event loop (asyncio loop or trio run)."""
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        return trio.lowlevel.current_trio_token()
+    import asyncio
+
+    return asyncio.get_running_loop()
+
+
+class SandboxBase:
     """Settings, concurrency limiter, session registry and ``async with`` of a sandbox."""
 
     def _init_settings(
@@ -35,7 +62,7 @@ class _SandboxBase:
     ) -> None:
         """Check (raises ConfigError) and store the settings every backend takes; set up the
         concurrency limiter and the session registry."""
-        _check_settings(
+        check_settings(
             max_concurrency=max_concurrency, timeout_s=timeout_s, memory_mb=memory_mb,
             max_output_bytes=max_output_bytes, max_processes=max_processes,
         )
@@ -44,23 +71,23 @@ class _SandboxBase:
         self.max_output_bytes = int(max_output_bytes)
         self.max_processes = int(max_processes)
         self.max_concurrency = int(max_concurrency)
-        self._limiter = _LoopLocal(self.max_concurrency)
+        self._limiter = LoopLocal(self.max_concurrency)
         self._closed = False
         self._sessions: set[Any] = set()
 
     def _run_limits(
         self, name: str, timeout_s: float | None, memory_mb: int | None
-    ) -> tuple[float, _Limits]:
+    ) -> tuple[float, Limits]:
         """The deadline and limits of one ``run`` call (raises SandboxError once closed)."""
         if self._closed:
             raise SandboxError(f"{name}.run called after aclose()")
-        timeout, memory = _run_settings(timeout_s, memory_mb, self.timeout_s, self.memory_mb)
-        return timeout, _Limits.for_run(
+        timeout, memory = run_settings(timeout_s, memory_mb, self.timeout_s, self.memory_mb)
+        return timeout, Limits.for_run(
             timeout_s=timeout, memory_mb=memory, max_processes=self.max_processes
         )
 
     def _session_memory(self, memory_mb: int | None) -> int:
-        _, memory = _run_settings(None, memory_mb, self.timeout_s, self.memory_mb)
+        _, memory = run_settings(None, memory_mb, self.timeout_s, self.memory_mb)
         return memory
 
     async def aclose(self) -> None:
@@ -76,7 +103,7 @@ class _SandboxBase:
         await self.aclose()
 
 
-class _SessionBase:
+class SessionBase:
     """The state and ``async with`` every backend's session shares.
 
     Attributes:
@@ -103,27 +130,18 @@ class _SessionBase:
         if self._closed or self.sandbox._closed:
             raise SandboxError(f"{self._what}: the session or its sandbox is closed")
 
-    def _cell_limits(self, timeout_s: float | None, memory_mb: int | None) -> tuple[float, _Limits]:
+    def _cell_limits(self, timeout_s: float | None, memory_mb: int | None) -> tuple[float, Limits]:
         """The deadline and limits of one cell (raises SandboxError once closed)."""
         sb = self.sandbox
         if self._closed or sb._closed:
             raise SandboxError(f"{self._what}: run called after aclose()")
-        timeout, memory = _run_settings(timeout_s, memory_mb, sb.timeout_s, self.memory_mb)
-        return timeout, _Limits.for_run(
+        timeout, memory = run_settings(timeout_s, memory_mb, sb.timeout_s, self.memory_mb)
+        return timeout, Limits.for_run(
             timeout_s=timeout, memory_mb=min(memory, self.memory_mb), max_processes=sb.max_processes
         )
 
 
-def _header(limits: _Limits, timeout: float, session_memory_bytes: int | None = None) -> dict[str, Any]:
-    """The request header of a tree execution under ``limits``."""
-    return request_header(
-        code_len=0, timeout_s=timeout, memory_bytes=limits.memory_bytes, cpu_s=limits.cpu_s,
-        fsize=limits.fsize_bytes, nofile=limits.nofile, nproc=limits.nproc,
-        session_memory_bytes=session_memory_bytes,
-    )
-
-
-class _TreeSession(_SessionBase):
+class TreeSession(SessionBase):
     """A session whose interpreter is one :class:`Tree` (bubblewrap and unsafe-local): subclasses
     say how to get a new tree (:meth:`_new_tree`) and what else to free (:meth:`_free`)."""
 
@@ -164,7 +182,7 @@ class _TreeSession(_SessionBase):
         assert tree is not None
         async with sb._limiter.get():
             outcome = await run_on_tree(
-                tree, code, _header(limits, timeout, self.memory_mb * 1024 * 1024),
+                tree, code, request_header(limits, timeout, self.memory_mb * 1024 * 1024),
                 timeout_s=timeout, max_output_bytes=sb.max_output_bytes, session=True,
             )
         if outcome.error is not None or outcome.state_lost:
@@ -172,7 +190,7 @@ class _TreeSession(_SessionBase):
             self._tree = None
         if outcome.error is not None:
             raise SandboxError(f"{self._what}: {outcome.error}")
-        return _to_result(outcome.raw, what=self._what, state_lost=outcome.state_lost)
+        return to_result(outcome.raw, what=self._what, state_lost=outcome.state_lost)
 
     async def aclose(self) -> None:
         """Kill the interpreter and everything it started."""
