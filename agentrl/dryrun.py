@@ -44,12 +44,12 @@ def _data(
     recipe: Recipe, split: str, limit: int | None, source: str | None = None, fields: dict[str, str] | None = None
 ) -> tuple[str, str]:
     from agentrl.envs.data import load_rows
-    from agentrl.models.loading import _hub_reachable
+    from agentrl.models.loading import hub_reachable
 
     src = source or recipe.data.source
     fields = fields if fields is not None else recipe.data.fields
     local = src.startswith("synthetic:") or Path(src).suffix in (".jsonl", ".json", ".parquet")
-    if not local and not _hub_reachable():
+    if not local and not hub_reachable():
         return "offline", f"{src}: hub dataset, the Hugging Face Hub is not reachable from here"
     try:
         rows = load_rows(src, split=split, fields=fields or None, limit=limit or 4, seed=recipe.seed)

@@ -96,3 +96,12 @@ def test_no_import_cycle_in_agentrl():
 def test_the_cycle_finder_finds_cycles():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_imports_another_modules_private_names():
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("agentrl"):
+                offenders += [f"{path.relative_to(PACKAGE.parent)}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+    assert offenders == []

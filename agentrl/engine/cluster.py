@@ -1,5 +1,5 @@
-"""Ray at the engine's edge: start and stop the cluster connection, create actors, call a method
-on a set of actors with one timeout, and kill them.
+"""Ray at the engine's edge: start and stop the cluster connection, create actors, stop and kill
+them, and tell a dead actor from a failing one.
 
 Everything else in the engine holds *handles* and calls ``handle.method.remote(...)``; the fakes
 of :mod:`agentrl.engine.testing` answer the same calls in-process, so the loop, the ledger and the
@@ -13,10 +13,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-from agentrl.engine.waits import timed
-from agentrl.errors import AgentRLError, TimeoutError_
-
-__all__ = ["actor_died", "call_all", "kill", "new_actor", "shutdown_all", "start_ray", "stop_ray"]
+__all__ = ["actor_died", "kill", "new_actor", "shutdown_all", "start_ray", "stop_ray"]
 
 
 def start_ray(init_kwargs: dict[str, Any]) -> bool:
@@ -43,16 +40,6 @@ def new_actor(cls: type, options: dict[str, Any], *args: Any, **kwargs: Any) -> 
     import ray
 
     return ray.remote(cls).options(**options).remote(*args, **kwargs)
-
-
-async def call_all(
-    handles: Sequence[Any], method: str, *args: Any, timeout: float, what: str,
-    error: type[AgentRLError] = TimeoutError_, **kwargs: Any,
-) -> list[Any]:
-    """``handle.method(*args, **kwargs)`` on every handle at once; the results in order. A wait
-    past ``timeout`` seconds raises ``error`` naming ``what``; the first failure propagates."""
-    calls = [getattr(h, method).remote(*args, **kwargs) for h in handles]
-    return list(await timed(asyncio.gather(*calls), timeout, what, error))
 
 
 def kill(handle: Any) -> None:

@@ -433,4 +433,6 @@ def trainer_connect(
 
         info = NCCLTrainerInitInfo(master_address=address, master_port=port, world_size=world_size, rank=rank)
         return NCCLTrainerWeightTransferEngine.trainer_init(info, client=client, source=source)
-    raise ValueError(f"unknown weight-sync backend {backend!r} (expected one of {BACKENDS})")
+    from agentrl.errors import ConfigError
+
+    raise ConfigError(f"generator.weight_sync: unknown backend {backend!r} (expected one of {BACKENDS})")

@@ -59,7 +59,7 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-def _hub_reachable(timeout: float = 3.0) -> bool:
+def hub_reachable(timeout: float = 3.0) -> bool:
     """Whether the hub's host accepts a TCP connection (assumed so behind a proxy)."""
     if any(os.environ.get(v) for v in _PROXY_VARS):
         return True
@@ -92,7 +92,7 @@ def _load(name_or_path: str, what: str, fn: Callable[..., T], **kwargs: object) 
     # A hub id. Offline (no connection to the hub), go straight to the local cache instead of
     # letting huggingface_hub retry for most of a minute.
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-    reachable = not offline and _hub_reachable()
+    reachable = not offline and hub_reachable()
     try:
         return fn(name_or_path, **kwargs) if reachable else fn(
             name_or_path, local_files_only=True, **kwargs

@@ -59,3 +59,14 @@ def test_engine_arguments_on_cpu_and_gpu() -> None:
     from agentrl.engine.vllm_worker import WORKER_EXTENSION
 
     assert cpu["worker_extension_cls"] == gpu["worker_extension_cls"] == WORKER_EXTENSION
+
+
+def test_every_generator_implements_the_generator_protocol():
+    from agentrl.engine.http_generator import HttpGenerator
+    from agentrl.engine.interfaces import Generator
+    from agentrl.engine.testing import FakeGenerator
+
+    for cls in (VllmGenerator, HttpGenerator, FakeGenerator):
+        assert Generator in cls.__mro__, cls  # declared: each names the protocol as a base
+    assert isinstance(VllmGenerator(EngineSettings(model="unused")), Generator)
+    assert isinstance(FakeGenerator(), Generator)
