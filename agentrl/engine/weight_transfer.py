@@ -429,7 +429,10 @@ def trainer_connect(
         info = c["trainer_info"](master_address=address, master_port=port, world_size=world_size, rank=rank, timeout_s=timeout_s)
         return c["trainer"].trainer_init(info, client=client, source=source)
     if backend == "nccl":
-        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
+        from vllm.distributed.weight_transfer.nccl_engine import (
+            NCCLTrainerInitInfo,
+            NCCLTrainerWeightTransferEngine,
+        )
 
         info = NCCLTrainerInitInfo(master_address=address, master_port=port, world_size=world_size, rank=rank)
         return NCCLTrainerWeightTransferEngine.trainer_init(info, client=client, source=source)

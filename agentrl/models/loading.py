@@ -16,8 +16,12 @@ from typing import TypeVar
 from urllib.parse import urlparse
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
-from transformers import PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from agentrl.errors import ModelError
 
