@@ -56,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("export", help="write a training checkpoint's model as a Hugging Face folder")
     ex.add_argument("checkpoint_dir", help="a learner checkpoint (RUN_DIR/checkpoints/step_N or its learner/ folder)")
     ex.add_argument("out_dir", help="folder to write (replaced atomically if it exists)")
+    ex.add_argument("--merge", action="store_true", help="LoRA checkpoints: write the base model with the adapter merged in (default: the adapter folder)")
     m = sub.add_parser("model", help="build models")
     msub = m.add_subparsers(dest="model_command", required=True)
     init = msub.add_parser("init", help="build a tiny model and tokenizer as a Hugging Face folder")
@@ -152,7 +153,7 @@ def main(argv: Sequence[str] | None = None, *, hooks: Sequence[Any] = ()) -> int
         if args.command == "export":
             from agentrl.engine.checkpoint import export_checkpoint
 
-            print(f"exported to {export_checkpoint(args.checkpoint_dir, args.out_dir)}")
+            print(f"exported to {export_checkpoint(args.checkpoint_dir, args.out_dir, merge=args.merge)}")
             return 0
         if args.model_command == "import":
             return _model_import(args)

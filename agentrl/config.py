@@ -414,6 +414,31 @@ class SftConfig(_Section):
     """torch threads per rank during SFT (nothing else runs then)."""
 
 
+class LoraConfig(_Section):
+    """Adapter-only training with LoRA (peft). Present (``[lora]`` with a ``rank``): the learner
+    trains only the adapter, under FSDP2, with optimizer state only for it; each weight version is
+    the adapter alone (a peft folder, megabytes), which the generators add as a new vLLM adapter
+    while requests in flight finish on the one they started with (no pause, no KV-cache flush);
+    the KL reference is the base model with the adapter disabled. The final model is written
+    merged (``final/``) and as the adapter (``final_adapter/``)."""
+
+    rank: int = Field(gt=0, le=512)
+    """``r``, the rank of each update ``B @ A`` (vLLM serves ranks up to 512)."""
+    alpha: float = Field(16.0, gt=0)
+    """The update is scaled by ``alpha / rank``."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input while training."""
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    """Modules that get an adapter, by name (``["q_proj", "v_proj"]``); ``"all-linear"``: every
+    linear layer but the output projection. A name that matches no module is an error."""
+    modules_to_save: list[str] = []
+    """Modules trained in full beside the adapter (e.g. ``["lm_head"]``). vLLM cannot serve them
+    with an adapter, so only ``mode = "sft"`` accepts them."""
+    max_loras: int = Field(4, gt=0)
+    """Adapter versions one generator may mix in a batch (requests in flight keep theirs): at
+    least ``algo.max_staleness + 2``."""
+
+
 class EvalConfig(_Section):
     """Held-out evaluation before and after RL (and every ``every_steps``)."""
 
@@ -508,6 +533,8 @@ class Recipe(_Section):
     """Held-out evaluation."""
     checkpoint: CheckpointConfig = CheckpointConfig()
     """Checkpoints and resume."""
+    lora: LoraConfig | None = None
+    """Adapter-only training (absent: full fine-tuning)."""
     wandb: WandbConfig = WandbConfig()
     """Optional Weights & Biases logging."""
 
@@ -518,6 +545,21 @@ class Recipe(_Section):
                 f"learner.batch_size ({self.learner.batch_size}) must be a multiple of "
                 f"rollout.group_size ({self.rollout.group_size})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_lora(self) -> "Recipe":
+        lo, g = self.lora, self.generator
+        if lo is None:
+            return self
+        if g.backend == "http":
+            raise ValueError('lora: generator.backend = "http" cannot take adapters from the run; use backend = "vllm"')
+        if g.weight_sync != "disk":
+            raise ValueError(f'lora: adapters go to the generators as small folders; set generator.weight_sync = "disk" (got "{g.weight_sync}")')
+        if lo.modules_to_save and self.mode != "sft":
+            raise ValueError(f"lora.modules_to_save = {lo.modules_to_save}: vLLM cannot serve adapters that save whole modules; only mode = 'sft' accepts them")
+        if lo.max_loras < self.max_staleness + 2:
+            raise ValueError(f"lora.max_loras = {lo.max_loras} must be at least max_staleness + 2 = {self.max_staleness + 2} (versions in flight at once)")
         return self
 
     @model_validator(mode="after")

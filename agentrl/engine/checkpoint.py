@@ -109,8 +109,12 @@ def _model_tensors(folder: Path) -> dict[str, torch.Tensor]:
     return {key[len(MODEL_PREFIX):]: t for key, t in tensors.items()}
 
 
-def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
+def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, merge: bool = False) -> Path:
     """Write the model of a training checkpoint as a Hugging Face folder at ``out_dir``.
+
+    A LoRA checkpoint is written as its adapter alone (a peft folder: peft and vLLM load it on
+    top of the base model the checkpoint names), or with ``merge`` as the base model with the
+    adapter merged in (a plain Hugging Face folder).
 
     The folder (``model.safetensors``, ``config.json`` and the tokenizer when the checkpoint
     holds one) loads with transformers and vLLM, like a published weight version; it is
@@ -153,4 +157,12 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
     except Exception as exc:
         raise LearnerError(f"{folder}: cannot read the distributed checkpoint: {exc}") from exc
     dtype = getattr(torch, trainer_state["dtype"]) if "dtype" in trainer_state else None  # older checkpoints: as stored
+    if trainer_state.get("lora"):
+        from agentrl.engine.lora import LoraSettings, adapter_tensors, merge_lora, write_adapter_folder
+
+        lora = LoraSettings(**trainer_state["lora"])
+        if not merge:
+            adapter = {k: (t.to(dtype) if dtype is not None and t.is_floating_point() else t) for k, t in adapter_tensors(tensors).items()}
+            return write_adapter_folder(adapter, lora, trainer_state["model"], Path(out_dir))
+        tensors = merge_lora(tensors, lora.scaling)
     return write_hf_folder(tensors, config, Path(out_dir), tokenizer, generation_config, dtype)

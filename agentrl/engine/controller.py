@@ -83,13 +83,17 @@ class Controller:
             tokenizer = model  # the RL starting point: tokenizer and KL reference, also on a resume
             ckpt = latest_checkpoint(rd.root) if r.checkpoint.resume and r.mode in ("async", "sync") else None
             state = self._resume_from(ckpt, log) if ckpt is not None else None
-            if ckpt is not None:
+            adapters = r.lora is not None  # versions are adapters over the starting model
+            if ckpt is not None and not adapters:
                 model = str(ckpt / "weights")
             fleet = self._fleet(model, tokenizer, log)
             publisher = self._publisher(fleet, learners, log)
-            await self._start_actors(fleet, learners if r.mode != "eval" else None, model, tokenizer, state, log)
+            version = state.version if state is not None else 0
+            await self._start_actors(fleet, learners if r.mode != "eval" else None, model, tokenizer, 0 if adapters else version, log)
             if ckpt is not None:
                 await learners.call("load_checkpoint", str(ckpt / "learner"), what="loading the learner checkpoint")
+                if adapters:
+                    await fleet.load(version, rd.weights_version(version))
             await publisher.connect()
             evaluator = self._evaluator(fleet, log, state)
             if evaluator is not None and state is None:
@@ -98,8 +102,10 @@ class Controller:
                 return self._summarise(RunSummary(rd.root, 0, 0, Path(model), 0, 0, 0), evaluator.records if evaluator else [])
             loop = await self._rl(rows, fleet, publisher, learners, evaluator, tokenizer, state, log)
             final = rd.final
-            await learners.call("publish", str(final), with_tokenizer=True, serving_dtype=True, what="writing the final checkpoint")
-            log.event(f"final checkpoint: {final}", version=loop.version)
+            await learners.call("publish", str(final), with_tokenizer=True, serving_dtype=True, merged=True, what="writing the final checkpoint")
+            if r.lora is not None:
+                await learners.call("publish", str(rd.final_adapter), serving_dtype=True, what="writing the final adapter")
+            log.event(f"final checkpoint: {final}" + (f" (adapter: {rd.final_adapter})" if r.lora is not None else ""), version=loop.version)
             summary = loop.ledger.summary(rd.root, loop.version, final, loop.queue)
             if evaluator is not None and r.eval.limit:
                 await evaluator(loop.version)
@@ -137,16 +143,14 @@ class Controller:
         return state
 
     async def _start_actors(
-        self, fleet: GeneratorFleet, learners: LearnerGroup | None, model: str, tokenizer: str,
-        state: RunState | None, log: MetricsLogger,
+        self, fleet: GeneratorFleet, learners: LearnerGroup | None, model: str, tokenizer: str, version: int, log: MetricsLogger,
     ) -> None:
-        """Start the generators and (unless None) the learner ranks together, then the rollout
-        workers; a worker that cannot start (bad env, tokenizer, sandbox) is a clear error now,
-        not a stream of lost groups later."""
+        """Start the generators (serving ``model`` as ``version``) and (unless None) the learner
+        ranks together, then the rollout workers; a worker that cannot start (bad env,
+        tokenizer, sandbox) is a clear error now, not a stream of lost groups later."""
         from agentrl.engine.rollout import RolloutWorker
 
         r = self.recipe
-        version = state.version if state else 0
         learner_kwargs = wiring.learner_kwargs(r, model=model, tokenizer=tokenizer, run_dir=self.run_dir.root)
         gen_info, learner_info = await asyncio.gather(
             fleet.start(version), learners.start(learner_kwargs) if learners is not None else asyncio.sleep(0, [])
@@ -169,7 +173,9 @@ class Controller:
         checkpointer = RunCheckpointer(run_dir=rd, learners=learners, keep=r.checkpoint.keep, tokenizer=tokenizer, log=log)
         failover = LearnerFailover(
             run_dir=rd, learners=learners, fleet=fleet, publisher=publisher, max_restarts=r.learner.max_restarts, log=log,
-            learner_kwargs=lambda weights: wiring.learner_kwargs(r, model=weights, tokenizer=tokenizer, run_dir=rd.root),
+            # full fine-tuning restarts from the checkpoint's weights; LoRA from the base model
+            # (the checkpoint's learner state holds the adapter)
+            learner_kwargs=lambda weights: wiring.learner_kwargs(r, model=tokenizer if r.lora else weights, tokenizer=tokenizer, run_dir=rd.root),
         )
 
         async def run(at: RunState | None) -> RLLoop:

@@ -84,6 +84,8 @@ class GeneratorFleet:
         written to disk)."""
         self.reload: Reload | None = None
         """The weight version being loaded from disk while the learner trains on."""
+        self.adapters = settings.max_lora_rank is not None
+        """Versions are LoRA adapters over ``settings.model`` (the base model), not whole models."""
         self._busy_at: dict[int, float] = {}
         self._heal_lock = asyncio.Lock()
 
@@ -128,9 +130,15 @@ class GeneratorFleet:
             if self.weights is not None:
                 self.weights.transfer_lost(f"generator {i} replaced")
             on_disk, folder = await self.weights.written_version(version) if self.weights is not None else (0, None)
-            settings = replace(self.settings, model=str(folder)) if folder is not None else self.settings
-            new = self.factory(settings, on_disk, i)
-            await timed(new.start.remote(), self.startup_timeout_s, f"restarting generator {i}", GeneratorError)
+            if self.adapters:  # the base model, then the adapter of the newest version
+                new = self.factory(self.settings, 0, i)
+                await timed(new.start.remote(), self.startup_timeout_s, f"restarting generator {i}", GeneratorError)
+                if folder is not None:
+                    await timed(new.update_weights.remote(on_disk, str(folder)), self.timeout_s + 30, f"loading adapter {on_disk} into generator {i}", GeneratorError)
+            else:
+                settings = replace(self.settings, model=str(folder)) if folder is not None else self.settings
+                new = self.factory(settings, on_disk, i)
+                await timed(new.start.remote(), self.startup_timeout_s, f"restarting generator {i}", GeneratorError)
             self.generators[i] = new
             replaced += 1
             self.log.event(f"generator {i} restarted at version {on_disk} ({reason})", generator_restarts=1)

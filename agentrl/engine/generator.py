@@ -65,6 +65,11 @@ class EngineSettings:
     weights (over a context encoded by them). False keeps the cache: no re-prefill, but tokens
     after an update are sampled by the new weights over a context encoded by the old ones (their
     behaviour log-probs stay exact; their version label is then approximate)."""
+    max_lora_rank: int | None = None
+    """Serve LoRA adapters of rank up to this (one of vLLM's allowed values); None: no LoRA.
+    Weight versions are then adapters (see :meth:`VllmGenerator.update_weights`)."""
+    max_loras: int = 4
+    """Adapters one engine batch may mix (versions in flight at once)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Further ``AsyncEngineArgs`` keyword arguments, passed through."""
 
@@ -172,6 +177,8 @@ def engine_kwargs(s: EngineSettings, on_gpu: bool) -> dict[str, Any]:
         kwargs.setdefault("block_size", CPU_BLOCK_SIZE)
     if s.weight_transfer is not None:
         kwargs["weight_transfer_config"] = {"backend": s.weight_transfer}
+    if s.max_lora_rank is not None:
+        kwargs.update(enable_lora=True, max_lora_rank=s.max_lora_rank, max_loras=s.max_loras, max_cpu_loras=s.max_loras)
     kwargs["worker_extension_cls"] = WORKER_EXTENSION  # agentrl's worker methods (tied embeddings)
     # the log-probs of the distribution tokens are sampled from (after temperature and
     # top-k/top-p), not of the raw logits: the behaviour policy of the importance weights
@@ -181,7 +188,13 @@ def engine_kwargs(s: EngineSettings, on_gpu: bool) -> dict[str, Any]:
 
 class VllmGenerator(GeneratorCounters, Generator):
     """One vLLM engine: ``generate`` (token ids in, token ids + logprobs + versions out) and
-    ``update_weights`` (in-flight reload). Call ``start()`` once before use."""
+    ``update_weights`` (in-flight reload). Call ``start()`` once before use.
+
+    With LoRA (``settings.max_lora_rank``) a weight version is an adapter over the base model
+    (version 0: no adapter). ``update_weights`` adds version v+1 as a new adapter without
+    pausing anything: requests in flight finish with the adapter they started with, each new
+    request (each new turn of an episode) takes the newest one, so every token's version is
+    the adapter that generated it. An adapter no request uses any more is unloaded."""
 
     def __init__(self, settings: EngineSettings, *, timeout_s: float = 300.0, version: int = 0) -> None:
         super().__init__(version)
@@ -195,6 +208,10 @@ class VllmGenerator(GeneratorCounters, Generator):
         self._tied = False
         """The served model ties its output projection to its input embedding: every update is
         followed by a re-tie (:mod:`agentrl.engine.vllm_worker`)."""
+        self.adapters: dict[int, Any] = {}
+        """LoRA: the loaded adapters' ``LoRARequest`` by weight version."""
+        self._adapter_users: dict[int, int] = {}
+        """LoRA: requests in flight per adapter version."""
 
     async def start(self) -> dict[str, Any]:
         """Create the engine (tens of seconds on CPU). Returns facts about it."""
@@ -248,15 +265,22 @@ class VllmGenerator(GeneratorCounters, Generator):
             skip_special_tokens=False,
         )
         request_id = f"{self._prefix}{next(self._ids)}"
-        with self.busy:
-            return await self._generate(request_id, prompt_token_ids, params)
+        version = self.version
+        adapter = self.adapters.get(version)  # the newest adapter, for this whole request
+        self._adapter_users[version] = self._adapter_users.get(version, 0) + 1
+        try:
+            with self.busy:
+                return await self._generate(request_id, prompt_token_ids, params, adapter, version)
+        finally:
+            self._adapter_users[version] -= 1
+            await self._unload_unused_adapters()
 
-    async def _generate(self, request_id: str, prompt_token_ids: list[int], params: Any) -> Generation:
+    async def _generate(self, request_id: str, prompt_token_ids: list[int], params: Any, adapter: Any, version: int) -> Generation:
         final = None
 
         async def consume() -> None:
             nonlocal final
-            async for out in self.engine.generate({"prompt_token_ids": list(prompt_token_ids)}, params, request_id):
+            async for out in self.engine.generate({"prompt_token_ids": list(prompt_token_ids)}, params, request_id, lora_request=adapter):
                 final = out
 
         try:
@@ -275,14 +299,21 @@ class VllmGenerator(GeneratorCounters, Generator):
         lps = [float(step[tok].logprob) for step, tok in zip(comp.logprobs or [], ids)]
         if len(lps) != len(ids):
             raise GeneratorError(f"generation {request_id}: {len(ids)} tokens but {len(lps)} logprobs")
-        versions = versions_from_spans(comp.weight_versions, len(ids), self.version)
+        if self.settings.max_lora_rank is not None:
+            versions = [version] * len(ids)  # one adapter wrote the whole request
+        else:
+            versions = versions_from_spans(comp.weight_versions, len(ids), self.version)
         self.tokens_generated += len(ids)
         return Generation(ids, lps, versions, comp.finish_reason or "abort", comp.stop_reason)
 
     async def update_weights(self, version: int, path: str) -> float:
         """Load the Hugging Face folder ``path`` as weight version ``version`` without stopping
-        requests in flight. Returns the generation stall in seconds."""
+        requests in flight (with LoRA: the adapter folder ``path``, see the class). Returns the
+        generation stall in seconds (with LoRA: the time the engine spent loading the adapter;
+        nothing is paused)."""
         t0 = time.monotonic()
+        if self.settings.max_lora_rank is not None:
+            return await self._add_adapter(version, path, t0)
 
         async def swap() -> None:
             await self.engine.pause_generation(mode="keep", clear_cache=self.settings.recompute_kv_on_update)
@@ -296,6 +327,28 @@ class VllmGenerator(GeneratorCounters, Generator):
 
         await self._bounded(swap(), f"weight update to version {version} from {path}")
         return self._updated(version, t0)
+
+    async def _add_adapter(self, version: int, path: str, t0: float) -> float:
+        from vllm.lora.request import LoRARequest
+
+        request = LoRARequest(lora_name=f"v{version}", lora_int_id=version + 1, lora_path=path)  # ids start at 1
+        if version in self.adapters:  # the same version again (a learner restart): replace it
+            await self._bounded(self.engine.remove_lora(self.adapters.pop(version).lora_int_id), f"unloading adapter {version}")
+        await self._bounded(self.engine.add_lora(request), f"loading adapter version {version} from {path}")
+        self.adapters[version] = request
+        stall = self._updated(version, t0)
+        await self._unload_unused_adapters()
+        return stall
+
+    async def _unload_unused_adapters(self) -> None:
+        """Unload every adapter but the newest that no request in flight uses."""
+        for v in [v for v in self.adapters if v != self.version and not self._adapter_users.get(v)]:
+            request = self.adapters.pop(v)
+            self._adapter_users.pop(v, None)
+            try:
+                await self.engine.remove_lora(request.lora_int_id)
+            except Exception:  # noqa: BLE001 - already evicted by the engine: nothing to free
+                pass
 
     def _updated(self, version: int, t0: float) -> float:
         """Record that ``version`` is served since an update that paused generation at ``t0``;

@@ -47,6 +47,7 @@ import torch.distributed as dist
 from agentrl.algos import STAT_KEYS, ObjectiveSettings, policy_loss
 from agentrl.engine.audit import AuditLog, prompt_sha1
 from agentrl.engine.devices import assigned_cuda_index, process_group_backend
+from agentrl.engine.lora import LoraSettings, adapter_tensors, apply_lora, is_adapter_key, merge_lora, write_adapter_folder
 from agentrl.models.hf_folder import write_hf_folder
 from agentrl.engine.placement import current_node_id
 from agentrl.engine.run_dir import version_folder
@@ -200,6 +201,20 @@ class _Batch:
         return torch.zeros(self.select.shape, dtype=flat.dtype, device=flat.device).masked_scatter(self.select, flat)
 
 
+class _AdapterOff:
+    """The LoRA policy with its adapter disabled: the base model, as the KL reference."""
+
+    def __init__(self, policy: Any, peft_model: Any) -> None:
+        self.policy, self.peft = policy, peft_model
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self.peft.disable_adapter():
+            return self.policy(*args, **kwargs)
+
+    def eval(self) -> None:
+        return None
+
+
 class Learner:
     """One learner rank. Call ``setup()`` on every rank before anything else.
 
@@ -242,6 +257,7 @@ class Learner:
         seed: int = 0,
         audit_path: str | None = None,
         temperature: float = 1.0,
+        lora: dict[str, Any] | None = None,
     ) -> None:
         """``objective`` defaults to :class:`ObjectiveSettings` with ``clip_low``/``clip_high``.
         ``total_steps`` counts optimizer updates (``max_steps * updates_per_batch``).
@@ -253,7 +269,10 @@ class Learner:
         resume ``model`` is a checkpoint that may be pruned later, the tokenizer source is not.
         ``audit_path``: rank 0 appends one record per RL step to this append-only file (see
         :mod:`agentrl.engine.audit`): the samples it trained on, by ``id`` (an optional sample
-        key) and prompt digest. ``temperature``: the generators' sampling temperature; the policy's
+        key) and prompt digest. ``lora``: train a LoRA adapter only (the fields of
+        :class:`~agentrl.engine.lora.LoraSettings`); published versions are then adapter
+        folders, and the KL reference is the model with the adapter disabled (no second model).
+        ``temperature``: the generators' sampling temperature; the policy's
         (and the reference's) log-probs are those of the logits divided by it, the distribution
         the behaviour log-probs come from."""
         if lr_schedule not in LR_SCHEDULES:
@@ -295,6 +314,9 @@ class Learner:
         """Completed optimizer updates."""
         self.policy: Any = None
         self.reference: Any = None
+        self.lora = LoraSettings(**lora) if lora else None
+        self.peft: Any = None
+        """The peft model around the policy's LM (LoRA only)."""
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> dict[str, Any]:
@@ -331,6 +353,8 @@ class Learner:
             lm = load_causal_lm(name, dtype=dtype)
             lm.to(self.device)
             lm.config.use_cache = False
+            if trainable and self.lora is not None:
+                self.peft = apply_lora(lm, self.lora, name)  # lm now holds the adapter layers
             policy = PolicyModel(lm, self.temperature)
             diff = policy.check_against_full_logits(int(lm.config.vocab_size))
             if diff > (1e-3 if dtype == torch.float32 else 5e-2):  # half precision: matmul tiling differs
@@ -350,7 +374,9 @@ class Learner:
             return policy
 
         self.policy = build(self.model_name, torch.float32, True)  # float32 master weights
-        if self.objective.kl_coef > 0:
+        if self.objective.kl_coef > 0 and self.peft is not None:
+            self.reference = _AdapterOff(self.policy, self.peft)  # the base model: the same weights, adapter off
+        elif self.objective.kl_coef > 0:
             self.reference = build(self.reference_name, self.dtype if mixed else torch.float32, False)
             self.reference.eval()
         self.config = self.policy.lm.config
@@ -360,7 +386,7 @@ class Learner:
         self.vocab_size = int(self.config.vocab_size)
         self.pad_id = int(getattr(self.config, "pad_token_id", None) or 0)
         self.optimizer = torch.optim.AdamW(
-            self.policy.parameters(), lr=self.lr, betas=self.betas, eps=self.adam_eps, weight_decay=self.weight_decay
+            [p for p in self.policy.parameters() if p.requires_grad], lr=self.lr, betas=self.betas, eps=self.adam_eps, weight_decay=self.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
         n_params = sum(p.numel() for p in self.policy.parameters())
@@ -368,6 +394,8 @@ class Learner:
             "rank": self.rank,
             "backend": backend,
             "parameters": n_params,
+            "trainable_parameters": sum(p.numel() for p in self.policy.parameters() if p.requires_grad),
+            "lora": self.lora.as_dict() if self.lora is not None else None,
             "pid": os.getpid(),
             "node_id": current_node_id(),
             "rendezvous": f"{self.master_addr}:{self.master_port}",
@@ -606,7 +634,7 @@ class Learner:
         return [mine[i] for i in range(len(samples))]
 
     # ------------------------------------------------------------------ weights
-    def full_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    def full_state_dict(self, dtype: torch.dtype | None = None, adapter_only: bool = False) -> dict[str, torch.Tensor]:
         """Gather the unsharded parameters (a collective: call on every rank); CPU tensors on rank 0,
         an empty dict elsewhere. Keys are the Hugging Face model's own; parameters shared under
         two names (tied embeddings) are one tensor under both.
@@ -614,7 +642,8 @@ class Learner:
         ``dtype`` casts floating-point tensors as each is gathered, on the device, before it
         reaches host memory: rank 0 then holds the model once, in ``dtype`` (a bfloat16 version
         of a 7B model: 15 GB, not 30 GB of float32 and a bfloat16 copy beside it). The tensors
-        are new: they never alias the live parameters."""
+        are new: they never alias the live parameters. ``adapter_only``: the LoRA adapter's
+        tensors alone (names as :func:`~agentrl.engine.lora.adapter_tensors` reads them)."""
         from torch.distributed.tensor import DTensor
 
         self._require_setup()
@@ -624,6 +653,8 @@ class Learner:
         param_of = {n: id(p) for n, p in self.policy.lm.named_parameters(remove_duplicate=False)}
         first_name: dict[int, str] = {}
         for name, value in self.policy.lm.state_dict().items():
+            if adapter_only and not is_adapter_key(name):
+                continue
             key = param_of.get(name)
             if key is not None and key in first_name:  # the same parameter under a second name
                 if self.rank == 0:
@@ -644,15 +675,21 @@ class Learner:
             out[name] = t
         return out
 
-    def publish(self, out_dir: str, with_tokenizer: bool = False, serving_dtype: bool = False) -> str | None:
+    def publish(self, out_dir: str, with_tokenizer: bool = False, serving_dtype: bool = False, merged: bool = False) -> str | None:
         """Write the current weights as a Hugging Face folder at ``out_dir`` (collective; rank 0
         writes, atomically). ``serving_dtype``: in the generators' dtype (the recipe's
         ``model.dtype``) rather than the float32 master weights, for weight versions only the
-        generators read. Returns the path on rank 0, ``None`` elsewhere."""
+        generators read. With LoRA the folder is the adapter alone (a peft folder, megabytes),
+        unless ``merged``: then the base model with the adapter merged in. Returns the path on
+        rank 0, ``None`` elsewhere."""
         dtype = self.dtype if serving_dtype else None
-        sd = self.full_state_dict(dtype)
+        sd = self.full_state_dict(dtype, adapter_only=self.lora is not None and not merged)
         if self.rank != 0:
             return None
+        if self.lora is not None and not merged:
+            return str(write_adapter_folder(adapter_tensors(sd), self.lora, self.model_name, out_dir))
+        if self.lora is not None:
+            sd = merge_lora(sd, self.lora.scaling)
         tokenizer = None
         if with_tokenizer:
             from agentrl.models.loading import load_tokenizer
@@ -767,6 +804,7 @@ class Learner:
                     "model": self.model_name,
                     "dtype": str(self.dtype).removeprefix("torch."),
                     "objective": self.objective.as_dict(),
+                    "lora": self.lora.as_dict() if self.lora is not None else None,
                 })
                 self.config.save_pretrained(tmp / "hf")
                 if self.generation_config is not None:

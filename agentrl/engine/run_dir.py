@@ -13,7 +13,8 @@
       weights/v000003/        published weight version 3 (a Hugging Face folder)
       checkpoints/step_000004/  resumable checkpoints (engine.run_state)
       sft/                    the model after the SFT stage
-      final/                  the final model
+      final/                  the final model (LoRA: merged)
+      final_adapter/          the final LoRA adapter (LoRA runs)
 """
 
 from __future__ import annotations
@@ -86,6 +87,11 @@ class RunDir:
     @property
     def final(self) -> Path:
         return self.root / "final"
+
+    @property
+    def final_adapter(self) -> Path:
+        """The final LoRA adapter (LoRA runs; ``final/`` holds the merged model)."""
+        return self.root / "final_adapter"
 
     def checkpoint(self, version: int) -> Path:
         """The checkpoint folder of the state after learner step ``version``."""

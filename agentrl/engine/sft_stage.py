@@ -44,7 +44,8 @@ async def run_sft(
                 f"sft {step:>5}/{steps}  loss {m['sft_loss']:.4f}  lr {m['lr']:.2e}  "
                 f"{tokens / max(1e-9, time.monotonic() - t0):.0f} trained tok/s  t={rec['time']:.0f}s"
             )
-    await learners.call("publish", str(out), True, what="writing the SFT model")
+    # a LoRA warm-up is written merged: RL starts from a whole model (with a fresh adapter)
+    await learners.call("publish", str(out), True, merged=True, what="writing the SFT model")
     await learners.stop()
     log.event(f"SFT done in {time.monotonic() - t0:.0f} s: {out}")
     return str(out)

@@ -210,7 +210,7 @@ class FakeLearner:
         self.step += 1
         return {"step": self.step, "trained_tokens": sum(len(b["tokens"]) for b in batch), "sft_loss": 0.0, "lr": 0.0}
 
-    def publish(self, out_dir: str, with_tokenizer: bool = False, serving_dtype: bool = False) -> str | None:
+    def publish(self, out_dir: str, with_tokenizer: bool = False, serving_dtype: bool = False, merged: bool = False) -> str | None:
         if self.rank != 0:
             return None
         Path(out_dir).mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from agentrl.config import Recipe
 from agentrl.engine.audit import episodes_audit_path, learner_audit_path
 from agentrl.engine.batching import BatchSettings
 from agentrl.engine.generator import EngineSettings
+from agentrl.engine.lora import LoraSettings, vllm_max_lora_rank
 from agentrl.engine.loop import LoopSettings
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "generator_actor",
     "generator_count",
     "learner_kwargs",
+    "lora_settings",
     "ledger_kwargs",
     "loop_settings",
     "ray_init_kwargs",
@@ -112,6 +114,7 @@ def learner_kwargs(
         "seed": r.seed,
         "audit_path": str(learner_audit_path(run_dir)),
         "temperature": r.rollout.temperature if rl else 1.0,
+        "lora": lora_settings(r).as_dict() if r.lora is not None else None,
     }
 
 
@@ -133,6 +136,8 @@ def engine_settings(recipe: Recipe, *, model: str, tokenizer: str | None) -> Eng
         seed=r.seed,
         weight_transfer=None if g.weight_sync == "disk" else g.weight_sync,
         recompute_kv_on_update=g.recompute_kv_on_update,
+        max_lora_rank=vllm_max_lora_rank(r.lora.rank) if r.lora is not None else None,
+        max_loras=r.lora.max_loras if r.lora is not None else 4,
         # tensor parallelism inside the actor: vLLM's workers are processes that see the actor's
         # GPUs (the Ray executor would ask Ray for GPUs the actor already holds)
         extra={
@@ -234,3 +239,12 @@ def ledger_kwargs(recipe: Recipe, num_rows: int) -> dict[str, Any]:
     dataset rows: a run stops when more groups are lost in a row than four per rollout worker
     (plus four)."""
     return {"num_rows": num_rows, "group_size": recipe.rollout.group_size, "max_lost_in_a_row": 4 * recipe.rollout.num_workers + 4}
+
+
+def lora_settings(recipe: Recipe) -> LoraSettings:
+    """The adapter's shape (the recipe must have a ``[lora]`` section)."""
+    lo = recipe.lora
+    assert lo is not None
+    return LoraSettings(
+        rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout, target_modules=lo.target_modules, modules_to_save=list(lo.modules_to_save)
+    )

@@ -1,0 +1,103 @@
+"""The adapter reaches vLLM: after an adapter update, vLLM's log-probs equal the learner's (peft)
+log-probs on the same tokens and differ from the base model's; a request in flight across an
+update finishes on the adapter it started with, and its tokens carry that version.
+
+One vLLM engine (``VllmGenerator`` with LoRA, CPU: vLLM's PunicaWrapperCPU) and one learner
+rank, in this process."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.engine.test_learner_correctness import make_learner
+
+TOL = 1e-4
+LORA = {"rank": 8, "alpha": 32.0, "target_modules": "all-linear"}
+
+
+def _samples(prompts, gens):
+    return [
+        {
+            "tokens": p + g.token_ids, "loss_mask": [0] * len(p) + [1] * len(g.token_ids),
+            "behaviour_logprobs": [0.0] * len(p) + g.logprobs, "advantage": 1.0,
+            "versions": [-1] * len(p) + g.versions, "id": f"p{i}/0",
+        }
+        for i, (p, g) in enumerate(zip(prompts, gens))
+    ]
+
+
+def _diffs(samples, learner_lps):
+    return [abs(a - b) for s, lp in zip(samples, learner_lps) for a, b, m in zip(lp, s["behaviour_logprobs"], s["loss_mask"]) if m]
+
+
+@pytest.mark.vllm
+def test_adapter_versions_reach_vllm_exactly_and_requests_keep_theirs(tiny_calc_model, tmp_path):
+    from agentrl.engine.generator import EngineSettings, VllmGenerator
+    from agentrl.engine.lora import vllm_max_lora_rank
+    from agentrl.models.loading import load_tokenizer
+
+    tok = load_tokenizer(str(tiny_calc_model))
+    prompts = [tok(t)["input_ids"] for t in ["What is 123*45+67?", "Compute 908*12+3.", "17*34+5 ="]]
+    learner = make_learner(str(tiny_calc_model), lora=LORA, lr=5e-3, micro_batch_tokens=4096)
+    settings = EngineSettings(
+        model=str(tiny_calc_model), dtype="float32", max_model_len=512, kv_cache_gib=0.1, seed=0,
+        max_lora_rank=vllm_max_lora_rank(LORA["rank"]), max_loras=3,
+    )
+    gen = VllmGenerator(settings, timeout_s=120)
+    sampling = {"max_tokens": 32, "temperature": 1.0, "seed": 0, "ignore_eos": True}
+
+    async def scenario():
+        await gen.start()
+        base = [await gen.generate(p, sampling) for p in prompts]
+        assert all(v == 0 for g in base for v in g.versions)
+        # a few steps move the adapter away from zero (B starts at 0)
+        for _ in range(3):
+            learner.train_step(_samples(prompts, base))
+        v1 = learner.publish(str(tmp_path / "v1"))
+        # a long request starts on version 0 (the base model) and spans the update
+        long_task = asyncio.ensure_future(gen.generate(prompts[0], {**sampling, "max_tokens": 160, "seed": 1}))
+        await asyncio.sleep(0.3)
+        out["stall"] = await gen.update_weights(1, v1)
+        out["loaded"] = set(gen.adapters)
+        new = [await gen.generate(p, sampling) for p in prompts]
+        long = await long_task
+        # the learner holds exactly version 1 now: its (peft) view of the same tokens
+        out["new"], out["long"] = _samples(prompts, new), _samples(prompts[:1], [long])
+        out["mine"] = learner.compute_logprobs(out["new"])
+        with learner.peft.disable_adapter():
+            out["base_view"] = learner.compute_logprobs(out["new"])
+            out["long_base"] = learner.compute_logprobs(out["long"])
+        # version 2 while a version-1 request is in flight: version 1 is unloaded once it ends
+        for _ in range(2):
+            learner.train_step(out["new"])
+        v2 = learner.publish(str(tmp_path / "v2"))
+        inflight = asyncio.ensure_future(gen.generate(prompts[1], {**sampling, "max_tokens": 96}))
+        await asyncio.sleep(0.2)
+        await gen.update_weights(2, v2)
+        out["still"] = set(gen.adapters)
+        out["on_v1"] = await inflight
+        out["after"] = set(gen.adapters)
+        out["listed"] = await gen.engine.list_loras()
+        await gen.shutdown()
+
+    out: dict = {}
+    try:
+        asyncio.run(scenario())
+    finally:
+        learner.shutdown()
+    assert all(v == 1 for s in out["new"] for v, m in zip(s["versions"], s["loss_mask"]) if m)
+    long = out["long"][0]
+    assert sum(long["loss_mask"]) == 160 and {v for v, m in zip(long["versions"], long["loss_mask"]) if m} == {0}
+    assert 1 in out["loaded"] and out["stall"] >= 0.0
+    # the adapter reached vLLM: its log-probs are the learner's (peft) ones, not the base model's
+    diffs = _diffs(out["new"], out["mine"])
+    print(f"vLLM adapter v1 vs peft over {len(diffs)} tokens: max |dlogp| {max(diffs):.3g}, mean {sum(diffs) / len(diffs):.3g}")
+    assert len(diffs) == 3 * 32 and max(diffs) < TOL
+    assert max(_diffs(out["new"], out["base_view"])) > 100 * TOL
+    # the request that spanned the update was the base model's throughout
+    assert max(_diffs(out["long"], out["long_base"])) < TOL
+    # the version-1 request in flight kept its adapter; version 1 was unloaded after it
+    assert set(out["on_v1"].versions) == {1}
+    assert out["still"] >= {1, 2} and out["after"] == {2} and set(out["listed"]) == {3}  # lora ids are version + 1
