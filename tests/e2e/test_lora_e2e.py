@@ -11,13 +11,17 @@ import pytest
 from tests.e2e.helpers import REPO, train_cmd
 
 LORA_RUN = (
+    # the task of test_learning_e2e: an answer starting with a digit earns 1, so even the
+    # untrained tiny model gets a learning signal (non-zero advantages: the adapter moves)
+    "env.id='tests.e2e.direction_env:DigitFirstEnv'",
+    "env.kwargs={}",
     "lora.rank=8",
     "lora.alpha=32.0",
-    "learner.lr=1e-3",
-    "learner.batch_size=8",
-    "rollout.group_size=4",
-    "rollout.max_new_tokens=24",
-    "data.limit=64",
+    "learner.lr=2e-2",
+    "learner.batch_size=32",
+    "rollout.group_size=8",
+    "rollout.max_new_tokens=2",
+    "data.limit=256",
     "sft.steps=0",
     "eval.limit=0",
     "checkpoint.every_steps=2",
@@ -28,7 +32,7 @@ LORA_RUN = (
 @pytest.mark.vllm
 def test_lora_run_publishes_adapters_resumes_and_exports(tmp_path, tiny_calc_model):
     run_dir = tmp_path / "run"
-    env = {**os.environ, "RAY_DEDUP_LOGS": "0"}
+    env = {**os.environ, "RAY_DEDUP_LOGS": "0", "PYTHONPATH": str(REPO)}
 
     def train(max_steps: int) -> list[dict]:
         cmd = train_cmd(run_dir, tiny_calc_model, f"learner.max_steps={max_steps}", *LORA_RUN)
@@ -49,9 +53,9 @@ def test_lora_run_publishes_adapters_resumes_and_exports(tmp_path, tiny_calc_mod
         assert (v / "adapter_model.safetensors").stat().st_size < (tiny_calc_model / "model.safetensors").stat().st_size / 3
     assert (run_dir / "final" / "model.safetensors").is_file() and (run_dir / "final_adapter" / "adapter_config.json").is_file()
 
-    records = train(5)  # resumes from checkpoint step 2
+    records = train(6)  # resumes from checkpoint step 2
     assert "resuming from" in " ".join(r["message"] for r in records if r["kind"] == "event")
-    assert [r["version"] for r in records if r["kind"] == "step"] == [1, 2, 3, 4, 5]
+    assert [r["version"] for r in records if r["kind"] == "step"] == [1, 2, 3, 4, 5, 6]
     trained = [json.loads(line) for line in (run_dir / "trained.jsonl").read_text().splitlines()]
     prompts = [p for t in trained for p in t["prompts"]]
     assert len(prompts) == len(set(prompts))
@@ -65,7 +69,7 @@ def test_lora_run_publishes_adapters_resumes_and_exports(tmp_path, tiny_calc_mod
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    ids = torch.tensor([[5, 9, 12, 7, 30, 31, 8, 40]])
+    ids = torch.tensor([[5, 9, 12, 7, 30, 31, 8, 40, 41, 42, 43, 44]])
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", torch_dtype=torch.float32)
     base = AutoModelForCausalLM.from_pretrained(tiny_calc_model, torch_dtype=torch.float32)
     plain = base(input_ids=ids).logits
