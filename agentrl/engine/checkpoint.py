@@ -158,7 +158,12 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, merge: bo
         raise LearnerError(f"{folder}: cannot read the distributed checkpoint: {exc}") from exc
     dtype = getattr(torch, trainer_state["dtype"]) if "dtype" in trainer_state else None  # older checkpoints: as stored
     if trainer_state.get("lora"):
-        from agentrl.engine.lora import LoraSettings, adapter_tensors, merge_lora, write_adapter_folder
+        from agentrl.engine.lora import (
+            LoraSettings,
+            adapter_tensors,
+            merge_lora,
+            write_adapter_folder,
+        )
 
         lora = LoraSettings(**trainer_state["lora"])
         if not merge:

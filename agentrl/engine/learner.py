@@ -47,11 +47,18 @@ import torch.distributed as dist
 from agentrl.algos import STAT_KEYS, ObjectiveSettings, policy_loss
 from agentrl.engine.audit import AuditLog, prompt_sha1
 from agentrl.engine.devices import assigned_cuda_index, process_group_backend
-from agentrl.engine.lora import LoraSettings, adapter_tensors, apply_lora, is_adapter_key, merge_lora, write_adapter_folder
-from agentrl.models.hf_folder import write_hf_folder
+from agentrl.engine.lora import (
+    LoraSettings,
+    adapter_tensors,
+    apply_lora,
+    is_adapter_key,
+    merge_lora,
+    write_adapter_folder,
+)
 from agentrl.engine.placement import current_node_id
 from agentrl.engine.run_dir import version_folder
 from agentrl.errors import ConfigError, LearnerError
+from agentrl.models.hf_folder import write_hf_folder
 
 __all__ = ["Learner", "lr_multiplier", "plan_microbatches", "token_logprobs", "write_hf_folder"]
 
@@ -373,7 +380,11 @@ class Learner:
             fully_shard(policy, mp_policy=policy_mp)
             return policy
 
-        self.policy = build(self.model_name, torch.float32, True)  # float32 master weights
+        try:
+            self.policy = build(self.model_name, torch.float32, True)  # float32 master weights
+        except BaseException:  # a model or adapter that cannot be built: leave no process group behind
+            dist.destroy_process_group()
+            raise
         if self.objective.kl_coef > 0 and self.peft is not None:
             self.reference = _AdapterOff(self.policy, self.peft)  # the base model: the same weights, adapter off
         elif self.objective.kl_coef > 0:
@@ -715,7 +726,11 @@ class Learner:
         """Form the weight-transfer group with the generator actors (collective over the learner
         ranks; rank 0 is the group's sender and drives the generators, the others only take
         part in the FSDP gathers). ``world_size`` = 1 + the generators' vLLM workers."""
-        from agentrl.engine.weight_transfer import GeneratorClient, model_source, trainer_connect
+        from agentrl.engine.weight_transfer import (
+            GeneratorClient,
+            model_source,
+            trainer_connect,
+        )
         from agentrl.errors import WeightSyncError
 
         self._require_setup()
@@ -771,7 +786,10 @@ class Learner:
         and the model config (+ tokenizer) for export. See :mod:`agentrl.engine.checkpoint` for
         the layout. The folder appears atomically; an existing one is replaced."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_state_dict,
+        )
 
         from agentrl.engine.checkpoint import save_rng_state, write_trainer_state
 

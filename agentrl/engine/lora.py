@@ -26,8 +26,8 @@ from agentrl.errors import ConfigError
 
 __all__ = [
     "ADAPTER_NAME",
-    "LoraSettings",
     "VLLM_LORA_RANKS",
+    "LoraSettings",
     "adapter_tensors",
     "apply_lora",
     "is_adapter_folder",

@@ -14,8 +14,8 @@ from agentrl.config import Recipe
 from agentrl.engine.audit import episodes_audit_path, learner_audit_path
 from agentrl.engine.batching import BatchSettings
 from agentrl.engine.generator import EngineSettings
-from agentrl.engine.lora import LoraSettings, vllm_max_lora_rank
 from agentrl.engine.loop import LoopSettings
+from agentrl.engine.lora import LoraSettings, vllm_max_lora_rank
 
 __all__ = [
     "ACTOR_ENV_VARS",

@@ -95,3 +95,28 @@ def test_merge_lora_adds_the_scaled_update():
     out = merge_lora(state, scaling=LoraSettings(rank=2, alpha=4.0).scaling)
     assert sorted(out) == ["m.norm.weight", "m.q.bias", "m.q.weight"]
     assert torch.allclose(out["m.q.weight"], w + 2.0 * b @ a)
+
+
+def test_merge_lora_takes_saved_modules_whole():
+    state = {
+        "lm_head.original_module.weight": torch.zeros(3, 2),
+        "lm_head.modules_to_save.default.weight": torch.ones(3, 2),
+        "model.norm.weight": torch.ones(2),
+    }
+    out = merge_lora(state, scaling=1.0)
+    assert sorted(out) == ["lm_head.weight", "model.norm.weight"]
+    assert torch.equal(out["lm_head.weight"], torch.ones(3, 2))
+
+
+def test_lora_sft_steps_train_the_adapter_only(tiny_calc_model):
+    learner = make_learner(str(tiny_calc_model), lora={"rank": 4, "target_modules": ["q_proj"]}, lr=1e-2)
+    try:
+        before = learner.full_state_dict()
+        batch = [{"tokens": [5, 9, 12, 7, 30, 31], "loss_mask": [0, 0, 1, 1, 1, 1]}] * 2
+        for _ in range(2):
+            learner.sft_step(batch)
+        after = learner.full_state_dict()
+    finally:
+        learner.shutdown()
+    changed = sorted(k for k in before if not torch.equal(before[k], after[k]))
+    assert changed and all(".q_proj.lora_" in k for k in changed), changed
