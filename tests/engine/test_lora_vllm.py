@@ -34,15 +34,20 @@ def _diffs(samples, learner_lps):
 
 @pytest.mark.vllm
 def test_adapter_versions_reach_vllm_exactly_and_requests_keep_theirs(tiny_calc_model, tmp_path):
+    check_adapters_reach_vllm(str(tiny_calc_model), tmp_path, lr=5e-3)
+
+
+def check_adapters_reach_vllm(model: str, tmp_path, *, lr: float, long_tokens: int = 160) -> None:
+    """The whole proof on ``model`` (also run on SmolLM2 by tests/e2e/test_smollm2_lora_e2e.py)."""
     from agentrl.engine.generator import EngineSettings, VllmGenerator
     from agentrl.engine.lora import vllm_max_lora_rank
     from agentrl.models.loading import load_tokenizer
 
-    tok = load_tokenizer(str(tiny_calc_model))
+    tok = load_tokenizer(model)
     prompts = [tok(t)["input_ids"] for t in ["What is 123*45+67?", "Compute 908*12+3.", "17*34+5 ="]]
-    learner = make_learner(str(tiny_calc_model), lora=LORA, lr=5e-3, micro_batch_tokens=4096)
+    learner = make_learner(model, lora=LORA, lr=lr, micro_batch_tokens=4096)
     settings = EngineSettings(
-        model=str(tiny_calc_model), dtype="float32", max_model_len=512, kv_cache_gib=0.1, seed=0,
+        model=model, dtype="float32", max_model_len=512, kv_cache_gib=0.1, seed=0,
         max_lora_rank=vllm_max_lora_rank(LORA["rank"]), max_loras=3,
     )
     gen = VllmGenerator(settings, timeout_s=120)
@@ -57,7 +62,7 @@ def test_adapter_versions_reach_vllm_exactly_and_requests_keep_theirs(tiny_calc_
             learner.train_step(_samples(prompts, base))
         v1 = learner.publish(str(tmp_path / "v1"))
         # a long request starts on version 0 (the base model) and spans the update
-        long_task = asyncio.ensure_future(gen.generate(prompts[0], {**sampling, "max_tokens": 160, "seed": 1}))
+        long_task = asyncio.ensure_future(gen.generate(prompts[0], {**sampling, "max_tokens": long_tokens, "seed": 1}))
         await asyncio.sleep(0.3)
         out["stall"] = await gen.update_weights(1, v1)
         out["loaded"] = set(gen.adapters)
@@ -89,7 +94,7 @@ def test_adapter_versions_reach_vllm_exactly_and_requests_keep_theirs(tiny_calc_
         learner.shutdown()
     assert all(v == 1 for s in out["new"] for v, m in zip(s["versions"], s["loss_mask"]) if m)
     long = out["long"][0]
-    assert sum(long["loss_mask"]) == 160 and {v for v, m in zip(long["versions"], long["loss_mask"]) if m} == {0}
+    assert sum(long["loss_mask"]) == long_tokens and {v for v, m in zip(long["versions"], long["loss_mask"]) if m} == {0}
     assert 1 in out["loaded"] and out["stall"] >= 0.0
     # the adapter reached vLLM: its log-probs are the learner's (peft) ones, not the base model's
     diffs = _diffs(out["new"], out["mine"])
