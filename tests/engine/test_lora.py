@@ -120,3 +120,60 @@ def test_lora_sft_steps_train_the_adapter_only(tiny_calc_model):
         learner.shutdown()
     changed = sorted(k for k in before if not torch.equal(before[k], after[k]))
     assert changed and all(".q_proj.lora_" in k for k in changed), changed
+
+
+def _lora_rank_main(rank: int, model: str, port: int, out: str, batches: list) -> None:
+    from agentrl.engine.learner import Learner
+
+    learner = Learner(rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, model=model, seed=0, lora=LORA, **LORA_OPTS)
+    learner.setup()
+    try:
+        for b in batches:
+            learner.train_step(b)
+        learner.publish(f"{out}/adapter")
+        learner.save_checkpoint(f"{out}/ckpt")
+    finally:
+        learner.shutdown()
+
+
+LORA_OPTS = dict(lr=1e-2, adam_eps=1e-8, grad_clip=1.0, micro_batch_tokens=64, logprob_chunk_tokens=16, torch_threads=1)
+
+
+def test_two_lora_ranks_match_one_rank_and_checkpoints_export(tiny_calc_model, tmp_path):
+    """FSDP2 over two ranks trains the same adapter as one rank; the sharded checkpoint exports
+    (one process) to that adapter and to a merged model."""
+    import torch.multiprocessing as mp
+    from safetensors.torch import load_file
+
+    from agentrl.engine.checkpoint import export_checkpoint
+    from tests.engine.test_learner_correctness import free_port, make_samples
+
+    batches = [make_samples(3, seed=20, min_len=40, max_len=60), make_samples(9, seed=21, min_len=6, max_len=40)]
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=_lora_rank_main, args=(r, str(tiny_calc_model), port, str(tmp_path), batches)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=180)
+        if p.is_alive():
+            p.kill()
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    two = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+
+    one = make_learner(str(tiny_calc_model), lora=LORA, **LORA_OPTS)
+    try:
+        for b in batches:
+            one.train_step(b)
+        one.publish(str(tmp_path / "one"))
+    finally:
+        one.shutdown()
+    ref = load_file(str(tmp_path / "one" / "adapter_model.safetensors"))
+    assert sorted(two) == sorted(ref)
+    worst = max(float((two[k] - ref[k]).abs().max()) for k in ref)
+    assert worst < 1e-5, worst
+    assert any(float(ref[k].abs().max()) > 1e-4 for k in ref if ".lora_B." in k)  # it trained
+    exported = load_file(str(export_checkpoint(tmp_path / "ckpt", tmp_path / "exported") / "adapter_model.safetensors"))
+    assert max(float((exported[k] - ref[k]).abs().max()) for k in ref) < 1e-5
+    merged = export_checkpoint(tmp_path / "ckpt", tmp_path / "merged", merge=True)
+    assert (merged / "model.safetensors").is_file() and not any("lora" in k for k in load_file(str(merged / "model.safetensors")))
