@@ -212,6 +212,10 @@ class VllmGenerator(GeneratorCounters, Generator):
         """LoRA: the loaded adapters' ``LoRARequest`` by weight version."""
         self._adapter_users: dict[int, int] = {}
         """LoRA: requests in flight per adapter version."""
+        self._next_lora_id = 1
+        """LoRA: the id of the next adapter loaded. Ids are never reused: vLLM keys its prefix cache
+        by adapter id, so a version published again (after a learner restart) under an old id
+        could reuse blocks computed with the old adapter."""
 
     async def start(self) -> dict[str, Any]:
         """Create the engine (tens of seconds on CPU). Returns facts about it."""
@@ -331,7 +335,8 @@ class VllmGenerator(GeneratorCounters, Generator):
     async def _add_adapter(self, version: int, path: str, t0: float) -> float:
         from vllm.lora.request import LoRARequest
 
-        request = LoRARequest(lora_name=f"v{version}", lora_int_id=version + 1, lora_path=path)  # ids start at 1
+        request = LoRARequest(lora_name=f"v{version}-{self._next_lora_id}", lora_int_id=self._next_lora_id, lora_path=path)
+        self._next_lora_id += 1
         if version in self.adapters:  # the same version again (a learner restart): replace it
             await self._bounded(self.engine.remove_lora(self.adapters.pop(version).lora_int_id), f"unloading adapter {version}")
         await self._bounded(self.engine.add_lora(request), f"loading adapter version {version} from {path}")
