@@ -94,7 +94,8 @@ def _train(args: argparse.Namespace, hooks: Sequence[Any] = ()) -> int:
     summary = Controller(recipe, hooks=hooks).run()
     print(
         f"done: {summary.steps} steps, weight version {summary.version}, {summary.samples_trained} samples trained, "
-        f"{summary.dropped_stale} dropped as stale, {summary.infra_failures} infra failures; "
+        f"{summary.dropped_stale} dropped as stale, {summary.infra_failures} infra failures, "
+        f"{summary.agent_failures} agent failures; "
         f"checkpoint {summary.final_checkpoint}"
     )
     return 0
@@ -104,7 +105,7 @@ def _check(args: argparse.Namespace) -> int:
     from agentrl.config import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
-    print(f"{args.recipe}: ok (mode={recipe.mode}, model={recipe.model.path}, env={recipe.env.id})")
+    print(f"{args.recipe}: ok (mode={recipe.mode}, model={recipe.model.path}, {'agent=' + recipe.env.agent if recipe.env.agent else 'env=' + recipe.env.id})")
     if args.dry_run:
         from agentrl.dryrun import dry_run
 

@@ -115,6 +115,26 @@ class EnvConfig(_Section):
     """A registered gymnasium id (``agentrl/Calc-v0``) or ``module:Class``."""
     kwargs: dict[str, Any] = {}
     """Keyword arguments passed to the environment's constructor."""
+    agent: str | None = None
+    """``"module:function"`` of an OpenAI-SDK agent program, ``async def agent(client, row) ->
+    reward``, played instead of the environment (docs/agents.md). ``id`` then only names the task
+    whose texts train a tiny model's tokenizer when the agent's module offers no ``sample_texts``."""
+    agent_model: str = "policy"
+    """The model name the agent gateway serves (what the agent passes as ``model=``)."""
+    agent_max_calls: int = Field(32, gt=0)
+    """Most model calls in one agent episode; beyond it the gateway refuses (episode ``truncated``)."""
+    agent_timeout_s: float = Field(600.0, gt=0)
+    """Longest one agent episode may run, seconds; beyond it the episode is an ``agent_failure``."""
+
+    @model_validator(mode="after")
+    def _check_agent(self) -> EnvConfig:
+        if self.agent is not None:
+            parts = self.agent.split(":")
+            if len(parts) != 2 or not all(p.strip() for p in parts):
+                raise ValueError(f"agent {self.agent!r}: expected 'module:function'")
+            if self.kwargs:
+                raise ValueError("kwargs are for environments; an agent gets the dataset row only")
+        return self
 
 
 class SandboxConfig(_Section):

@@ -61,6 +61,14 @@ def _data(
 def _env(recipe: Recipe) -> tuple[str, str]:
     from agentrl.envs import make_env
 
+    if recipe.env.agent is not None:
+        from agentrl.agents import load_agent
+
+        try:
+            load_agent(recipe.env.agent)
+        except AgentRLError as exc:
+            return "error", str(exc)
+        return "ok", f"agent {recipe.env.agent}: an async (client, row) function, served as model {recipe.env.agent_model!r}"
     try:
         env = make_env(recipe.env.id, **{"sandbox": recipe.sandbox.type, **recipe.env.kwargs})
         env.close()

@@ -13,6 +13,9 @@ the boundary of the component that called the library, keeping the original as `
     ├── EnvError                    an environment is misregistered or misbehaves (bad return value)
     │   └── ToolCallError           a tool call written by the model is malformed (a *model* error:
     │                               environments turn it into feedback or a penalty, never a crash)
+    ├── AgentError                  an agent program raised, never returned or returned no reward:
+    │                               its episode is an ``agent_failure``, kept out of the loss
+    ├── RequestError                a malformed request to the agent gateway (answered with a 400)
     ├── InfraError                  the infrastructure failed, not the model: episodes that hit it
     │   │                           are marked ``infra_failure`` and kept out of the loss
     │   ├── SandboxError            a sandbox backend cannot start or a worker died
@@ -61,6 +64,19 @@ class ToolCallError(EnvError):
     This is the model's mistake: environments turn it into feedback, a penalty or the end of the
     episode according to their policy; it never stops a run.
     """
+
+
+class AgentError(AgentRLError):
+    """An agent program (``[env] agent``) raised, never returned, or returned no usable reward."""
+
+
+class RequestError(AgentRLError):
+    """A request to the agent gateway is malformed or asks for what it does not serve; ``param``
+    names the offending request field (as in the OpenAI error body)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class InfraError(AgentRLError):

@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.engine.trajectory import Trajectory
+from agentrl.engine.trajectory import AGENT_FAILURE, Trajectory
 
 __all__ = ["BatchSettings", "batch_samples", "staleness_histogram"]
 
@@ -34,7 +34,8 @@ def batch_samples(batch: list[list[Trajectory]], settings: BatchSettings) -> tup
     Trainable episodes only; rewards with the overlong penalty (when set); zero-variance groups
     dropped (when set); advantages by ``settings.advantage`` over the groups that remain. Each
     sample is a dict with ``tokens``, ``loss_mask``, ``behaviour_logprobs``, ``advantage``,
-    ``versions`` and ``id`` (the trajectory's ``sample_id``)."""
+    ``versions`` and ``id`` (the trajectory's ``sample_id``); an episode of several segments
+    gives one sample per segment (:attr:`Trajectory.segment_starts`), all with its advantage."""
     import torch
 
     from agentrl.algos import (
@@ -58,23 +59,14 @@ def batch_samples(batch: list[list[Trajectory]], settings: BatchSettings) -> tup
     dropped_groups = len(set(group[~keep].tolist()))
     idx = keep.nonzero().flatten().tolist()
     advs = compute_advantages(rewards[idx], group[idx], settings.advantage).tolist() if idx else []
-    samples = [
-        {
-            "tokens": kept[i].tokens,
-            "loss_mask": kept[i].loss_mask,
-            "behaviour_logprobs": kept[i].behaviour_logprobs,
-            "advantage": adv,
-            "versions": kept[i].versions,
-            "id": kept[i].sample_id,
-        }
-        for i, adv in zip(idx, advs)
-    ]
+    samples = [sample for i, adv in zip(idx, advs) for sample in _samples_of(kept[i], adv)]
     flat = [t for g in batch for t in g]
     n = max(1, len(flat))
     stats = {
         "reward_mean": sum(t.reward for t in kept) / max(1, len(kept)),
         "samples": len(flat),
-        "infra_failures_batch": len(flat) - len(kept),
+        "infra_failures_batch": sum(t.status != AGENT_FAILURE for t in flat) - len(kept),
+        "agent_failures_batch": sum(t.status == AGENT_FAILURE for t in flat),
         "status": dict(Counter(t.status for t in flat)),
         "turns_mean": sum(t.metrics.get("turns", 0) for t in flat) / n,
         "tool_calls_mean": sum(t.metrics.get("tool_calls", 0) for t in flat) / n,
@@ -86,6 +78,25 @@ def batch_samples(batch: list[list[Trajectory]], settings: BatchSettings) -> tup
         "advantage_abs_mean": sum(abs(x) for x in advs) / max(1, len(advs)),
     }
     return samples, stats
+
+
+def _samples_of(t: Trajectory, advantage: float) -> list[dict[str, Any]]:
+    """The learner samples of one episode: one per segment that holds a trained token, each with
+    the episode's advantage (ids ``<sample_id>`` for a one-segment episode, else ``<sample_id>#k``)."""
+    segments = t.segments()
+    out = []
+    for k, (a, b) in enumerate(segments):
+        if len(segments) > 1 and not any(t.loss_mask[a:b]):
+            continue
+        out.append({
+            "tokens": t.tokens[a:b],
+            "loss_mask": t.loss_mask[a:b],
+            "behaviour_logprobs": t.behaviour_logprobs[a:b],
+            "advantage": advantage,
+            "versions": t.versions[a:b],
+            "id": t.sample_id if len(segments) == 1 else f"{t.sample_id}#{k}",
+        })
+    return out
 
 
 def staleness_histogram(batch: list[list[Trajectory]], version: int) -> dict[str, int]:

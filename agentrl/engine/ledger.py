@@ -23,7 +23,7 @@ from typing import Any
 from agentrl.engine.run_state import RunState
 from agentrl.engine.staleness import StalenessQueue
 from agentrl.engine.summary import RunSummary
-from agentrl.engine.trajectory import Trajectory
+from agentrl.engine.trajectory import AGENT_FAILURE, Trajectory
 from agentrl.errors import InfraError
 
 __all__ = ["MAX_PROMPT_ATTEMPTS", "Outcome", "PromptLedger"]
@@ -68,6 +68,8 @@ class PromptLedger:
         self.abandoned: list[int] = []
         self.infra_failures = 0
         """Samples lost to the infrastructure so far."""
+        self.agent_failures = 0
+        """Samples lost because the agent program failed (raised, timed out) so far."""
         self.gen_tokens = 0
         """Generated tokens so far (trainable or not)."""
         self.lost_in_a_row = 0
@@ -99,14 +101,17 @@ class PromptLedger:
         call failed, with ``error`` saying why). Raises InfraError when groups keep being lost."""
         idx, gid = self.in_flight.pop(key)
         failed = [t for t in group if not t.trainable]
-        self.infra_failures += len(failed) if group else self.group_size
+        agent_failed = sum(t.status == AGENT_FAILURE for t in failed)
+        self.agent_failures += agent_failed
+        self.infra_failures += len(failed) - agent_failed if group else self.group_size
         self.gen_tokens += sum(t.num_generated for t in group)
         if group and len(failed) < len(group):
             self.lost_in_a_row = 0
             return Outcome.QUEUED
         if group:
             error = failed[0].info.get("error", "") or failed[0].status
-        self.last_error = f"group {gid} failed on infrastructure ({error[:200]})"
+        what = "in the agent program" if group and agent_failed == len(group) else "on infrastructure"
+        self.last_error = f"group {gid} failed {what} ({error[:200]})"
         self.lost_in_a_row += 1
         if self.lost_in_a_row > self.max_lost_in_a_row:
             raise InfraError(f"rollout keeps failing ({self.lost_in_a_row} groups lost in a row); last: {error[:300]}")
@@ -135,6 +140,7 @@ class PromptLedger:
             stats=replace(queue.stats, started=queue.stats.started - self.group_size * len(self.in_flight),
                           dropped_prompts=list(queue.stats.dropped_prompts)),
             infra_failures=self.infra_failures,
+            agent_failures=self.agent_failures,
             gen_tokens=self.gen_tokens,
             evals=list(evals),
             abandoned=list(self.abandoned),
@@ -147,6 +153,7 @@ class PromptLedger:
         ledger.cursor = state.cursor
         ledger.retry.extend(state.reissue)
         ledger.infra_failures, ledger.gen_tokens = state.infra_failures, state.gen_tokens
+        ledger.agent_failures = state.agent_failures
         ledger.abandoned = list(state.abandoned)
         queue.restore(state.queued, replace(state.stats, dropped_prompts=list(state.stats.dropped_prompts)), state.version)
         return ledger
@@ -165,6 +172,7 @@ class PromptLedger:
             samples_trained=queue.stats.trained,
             dropped_stale=queue.stats.dropped_stale,
             infra_failures=self.infra_failures,
+            agent_failures=self.agent_failures,
             prompt_cursor=self.cursor,
             untrained_prompts=self.untrained(queue),
             dropped_prompts=list(queue.stats.dropped_prompts),

@@ -191,6 +191,12 @@ class RLLoop:
         failed = [t for t in group if not t.trainable]
         if not group or any("GeneratorError" in t.info.get("error", "") for t in failed):
             await self.fleet.heal(self.version)
+        if failed:  # the first failure of the group, with its error (an agent's traceback), for reading
+            t = failed[0]
+            with self.run_dir.samples.open("a") as f:
+                f.write(json.dumps({"version": self.version, "group_id": t.group_id, "sample": t.sample_index,
+                                    "reward": t.reward, "status": t.status, "error": t.info.get("error", ""),
+                                    "text": t.info.get("text", "")}) + "\n")
         outcome = self.ledger.finish(key, group, error)
         if outcome is Outcome.QUEUED:
             self.queue.put(group)
@@ -215,7 +221,8 @@ class RLLoop:
         learner_busy_s = self.clock() - t0  # training + publishing
         m = results[0]
         examples = [
-            {"group_id": t.group_id, "reward": t.reward, "status": t.status, "text": t.info.get("text", "")}
+            {"group_id": t.group_id, "reward": t.reward, "status": t.status, "text": t.info.get("text", ""),
+             **({"error": t.info["error"]} if t.info.get("error") else {})}
             for t in batch[0][:2]
         ] if batch else []
         return {
@@ -250,6 +257,7 @@ class RLLoop:
             started=self.queue.stats.started,
             dropped_stale=self.queue.stats.dropped_stale,
             infra_failures=ledger.infra_failures,
+            agent_failures=ledger.agent_failures,
             prompt_cursor=ledger.cursor,
         )
         if self.checkpoint is not None and s.checkpoint_every and version % s.checkpoint_every == 0 and version < s.max_steps:

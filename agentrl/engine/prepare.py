@@ -28,7 +28,7 @@ def prepare_model(recipe: Recipe, rows: list[dict[str, Any]], log: Any = None) -
     from agentrl.models.tiny import TinyModelSpec, build_tiny_model
 
     spec = TinyModelSpec(**recipe.model.tiny.model_dump())
-    texts = tokenizer_corpus(recipe.env.id, rows, seed=recipe.model.tiny.seed)
+    texts = tokenizer_corpus(recipe.env.agent or recipe.env.id, rows, seed=recipe.model.tiny.seed)
     if log:
         log.event(f"building tiny model at {path} ({len(texts)} tokenizer texts)")
     build_tiny_model(path, texts, spec)

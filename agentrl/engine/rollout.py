@@ -3,11 +3,13 @@
 ``play_episode`` is one episode as a plain coroutine over two seams: a ``generate`` coroutine
 (prompt ids + sampling -> :class:`~agentrl.engine.generator.Generation`) and a ``TextEnv``.
 ``RolloutWorker`` runs many episodes at once (an anyio task group per group of samples) and
-is wrapped as a Ray actor by the controller.
+is wrapped as a Ray actor by the controller. Given an ``agent`` instead of an environment, it
+plays agent episodes (:mod:`agentrl.engine.agent_episode`) through its gateway.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import zlib
 from collections.abc import Awaitable, Callable
@@ -177,10 +179,17 @@ class RolloutWorker:
         seed: int,
         audit_path: str | None = None,
         seed_sampling: bool = True,
+        agent: str | None = None,
+        agent_model: str = "policy",
+        agent_max_calls: int = 32,
+        agent_timeout_s: float = 600.0,
     ) -> None:
         """``audit_path``: append one record per finished episode to this append-only file (see
         :mod:`agentrl.engine.audit`); None writes none. ``seed_sampling``: seed every turn's
-        sampling (see :func:`play_episode`)."""
+        sampling (see :func:`play_episode`). ``agent``: ``"module:function"`` of an agent program
+        to play instead of the environment ``env_id``, served under the model name
+        ``agent_model``, with at most ``agent_max_calls`` model calls and ``agent_timeout_s``
+        seconds per episode."""
         from agentrl.models.loading import load_tokenizer
 
         self.tokenizer = load_tokenizer(model)
@@ -202,6 +211,17 @@ class RolloutWorker:
         self.seed = seed
         self.seed_sampling = seed_sampling
         self.audit = AuditLog(audit_path) if audit_path else None
+        self.agent = None
+        if agent is not None:
+            from agentrl.agents import load_agent
+
+            self.agent = load_agent(agent)
+        self.agent_model = agent_model
+        self.agent_max_calls = agent_max_calls
+        self.agent_timeout_s = agent_timeout_s
+        self.gateway: Any = None
+        self._http: Any = None
+        self._gateway_lock = asyncio.Lock()
 
     def ping(self) -> bool:
         """True once the worker is constructed (the controller's start-up check)."""
@@ -264,8 +284,16 @@ class RolloutWorker:
         reserve = n * self.max_new_tokens
         self.outstanding[gen_index] += reserve
 
+        if self.agent is not None:
+            await self._start_gateway()
+
         async def one(i: int) -> None:
             async with self.limiter:
+                if self.agent is not None:
+                    results[i] = await self._agent_episode(generate, row, group_id, prompt_index, i, sampling or {})
+                    if self.audit is not None:
+                        self._audit(results[i])
+                    return
                 env = self._make_env()
                 try:
                     results[i] = await play_episode(
@@ -295,6 +323,34 @@ class RolloutWorker:
             self.outstanding[gen_index] -= reserve
         return [r for r in results if r is not None]
 
+    async def _start_gateway(self) -> None:
+        """Start the agent gateway and the HTTP client pool on first use (on this actor's loop)."""
+        async with self._gateway_lock:
+            if self.gateway is None:
+                import httpx
+
+                from agentrl.engine.gateway import Gateway
+
+                gateway = Gateway(self.tokenizer, model_name=self.agent_model)
+                await gateway.start()
+                self._http = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+                self.gateway = gateway
+
+    async def _agent_episode(
+        self, generate: GenerateFn, row: dict[str, Any], group_id: str, prompt_index: int, i: int, forced: dict[str, Any]
+    ) -> Trajectory:
+        from agentrl.engine.agent_episode import play_agent_episode
+
+        seed_of = (lambda call, choice: episode_seed(self.seed, prompt_index, i, call * 100 + choice)) if self.seed_sampling else None
+        return await play_agent_episode(
+            self.agent, self.gateway, generate, http_client=self._http, row=row, group_id=group_id,
+            prompt_index=prompt_index, sample_index=i,
+            defaults={k: v for k, v in self.sampling.items() if k in ("temperature", "top_p")}, forced=forced,
+            max_new_tokens=self.max_new_tokens, max_episode_tokens=self.max_episode_tokens,
+            max_calls=self.agent_max_calls, timeout_s=self.agent_timeout_s, sandbox=self.sandbox,
+            seed_of=seed_of, reference_temperature=self.sampling.get("temperature"),
+        )
+
     def _audit(self, t: Trajectory | None) -> None:
         if t is None:
             return
@@ -309,6 +365,10 @@ class RolloutWorker:
         })
 
     async def shutdown(self) -> None:
-        """Close the sandbox."""
+        """Close the gateway and the sandbox."""
+        if self.gateway is not None:
+            await self._http.aclose()
+            await self.gateway.aclose()
+            self.gateway = None
         if self.sandbox is not None:
             await self.sandbox.aclose()

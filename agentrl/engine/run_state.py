@@ -58,6 +58,8 @@ class RunState:
     """Queue counters (``started`` excludes the re-issued prompts)."""
     infra_failures: int = 0
     """Samples lost to the infrastructure so far."""
+    agent_failures: int = 0
+    """Samples lost because the agent program failed so far (agent episodes)."""
     gen_tokens: int = 0
     """Generated tokens so far (throughput bookkeeping)."""
     evals: list[dict[str, Any]] = field(default_factory=list)

@@ -4,7 +4,8 @@
 that exactly the assistant turns (their content and end-of-turn token) carry loss mask 1 and the
 token boundaries are the ones the generator sees at rollout time (prompt, then each assistant
 turn, then the template glue). ``load_conversations`` reads conversations from a JSONL/JSON file
-(a ``messages`` field per row) or from a ``module:function`` that generates them.
+(a ``messages`` field per row, and an optional ``tools`` list of OpenAI function schemas) or from
+a ``module:function`` that generates them.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from typing import Any
 
 from agentrl.errors import DataError
 
-Conversation = list[dict[str, Any]]
+Conversation = list[dict[str, Any]] | dict[str, Any]
+"""A list of chat messages, or ``{"messages": [...], "tools": [...]}`` when the conversation was
+held with tools (rendered by the chat template's ``tools`` argument, as the gateway renders them)."""
 
 __all__ = ["encode_chat", "load_conversations", "Conversation"]
 
 
-def encode_chat(tokenizer: Any, messages: Conversation) -> dict[str, list[int]]:
+def encode_chat(tokenizer: Any, conversation: Conversation) -> dict[str, list[int]]:
     """``{"tokens": [...], "loss_mask": [...]}`` for one conversation.
 
     Loss mask 1 covers each assistant message's content and the end-of-turn (EOS) token that
@@ -29,10 +32,15 @@ def encode_chat(tokenizer: Any, messages: Conversation) -> dict[str, list[int]]:
     DataError if the template is not append-only for this conversation.
     """
 
-    def render(msgs: Conversation, gen: bool) -> str:
+    if isinstance(conversation, dict):
+        messages, tools = conversation["messages"], conversation.get("tools") or None
+    else:
+        messages, tools = conversation, None
+
+    def render(msgs: list[dict[str, Any]], gen: bool) -> str:
         if not msgs:
             return ""
-        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+        return tokenizer.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=gen)
 
     def encode(text: str) -> list[int]:
         return list(tokenizer.encode(text, add_special_tokens=False)) if text else []
@@ -85,7 +93,10 @@ def load_conversations(source: str, n: int, seed: int = 0) -> list[Conversation]
             msgs = row.get("messages") if isinstance(row, dict) else None
             if not isinstance(msgs, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in msgs):
                 raise DataError(f"{source}: row {i} has no 'messages' list of {{role, content}} objects")
-            rows.append(msgs)
+            tools = row.get("tools")
+            if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+                raise DataError(f"{source}: row {i} has a 'tools' field that is not a list of function schemas")
+            rows.append({"messages": msgs, "tools": tools} if tools else msgs)
         if not rows:
             raise DataError(f"{source}: no conversations")
         return [rows[i % len(rows)] for i in range(n)]

@@ -21,6 +21,8 @@ class RunSummary:
     samples_trained: int
     dropped_stale: int
     infra_failures: int
+    agent_failures: int = 0
+    """Agent episodes whose agent program raised or never returned (kept out of the loss)."""
     prompt_cursor: int = 0
     """Prompt indices ``0 .. prompt_cursor - 1`` were issued."""
     untrained_prompts: list[int] = field(default_factory=list)
@@ -41,6 +43,7 @@ def write_summary(path: Path, summary: RunSummary, evals: list[dict[str, Any]]) 
         "samples_trained": summary.samples_trained,
         "dropped_stale": summary.dropped_stale,
         "infra_failures": summary.infra_failures,
+        "agent_failures": summary.agent_failures,
         "final_checkpoint": str(summary.final_checkpoint),
         "prompt_cursor": summary.prompt_cursor,
         "untrained_prompts": summary.untrained_prompts,

@@ -39,6 +39,7 @@ __all__ = [
     "KillLearner",
     "LocalActor",
     "local_actor",
+    "ScriptedGenerator",
 ]
 
 
@@ -118,6 +119,43 @@ class FakeGenerator(GeneratorCounters, Generator):
         self.loaded.append((version, path))
         self.version = version
         self.update_stalls_s.append(0.0)
+        return 0.0
+
+    async def shutdown(self) -> None:
+        return None
+
+
+class ScriptedGenerator(GeneratorCounters, Generator):
+    """A generator that writes what ``script(prompt_text, sampling)`` returns, for gateway and
+    agent tests: the text's ids (``tokenize(text)``, default the tokenizer's own encoding) and the
+    end-of-sequence id, cut to ``max_tokens`` (finish ``length``); log-prob ``-0.5`` per token,
+    labelled with the version it serves. ``calls`` records ``(prompt_ids, sampling, ids)``."""
+
+    def __init__(self, tokenizer: Any, script: Callable[[str, dict[str, Any]], str], *, version: int = 0,
+                 tokenize: Callable[[str], list[int]] | None = None) -> None:
+        super().__init__(version)
+        self.tokenizer = tokenizer
+        self.script = script
+        self.tokenize = tokenize or (lambda text: list(tokenizer.encode(text, add_special_tokens=False)))
+        self.calls: list[tuple[list[int], dict[str, Any], list[int]]] = []
+
+    async def start(self) -> dict[str, Any]:
+        return {"scripted": True}
+
+    async def generate(self, prompt_token_ids: list[int], sampling: dict[str, Any]) -> Generation:
+        with self.busy:
+            await asyncio.sleep(0)
+            text = self.script(self.tokenizer.decode(prompt_token_ids, skip_special_tokens=False), sampling)
+            ids = self.tokenize(text) + [self.tokenizer.eos_token_id]
+            limit = int(sampling.get("max_tokens", len(ids)))
+            finish = "stop" if len(ids) <= limit else "length"
+            ids = ids[:limit]
+            self.tokens_generated += len(ids)
+            self.calls.append((list(prompt_token_ids), dict(sampling), ids))
+            return Generation(ids, [-0.5] * len(ids), [self.version] * len(ids), finish)
+
+    async def update_weights(self, version: int, path: str) -> float:
+        self.version = version
         return 0.0
 
     async def shutdown(self) -> None:

@@ -171,6 +171,8 @@ def worker_kwargs(recipe: Recipe, *, tokenizer: str, run_dir: Path) -> dict[str,
         "seed": r.seed,
         "audit_path": str(episodes_audit_path(run_dir)),
         "seed_sampling": ro.seed_sampling,
+        **({"agent": r.env.agent, "agent_model": r.env.agent_model, "agent_max_calls": r.env.agent_max_calls,
+            "agent_timeout_s": r.env.agent_timeout_s} if r.env.agent else {}),
     }
 
 

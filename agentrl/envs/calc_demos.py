@@ -11,10 +11,10 @@ import random
 
 from agentrl.envs.calc import SYSTEM_PROMPT, format_interpreter, generate_problems
 
-__all__ = ["demonstrations", "text_demonstrations"]
+__all__ = ["corrupt_digit", "demonstrations", "text_demonstrations"]
 
 
-def _corrupt(value: str, rng: random.Random) -> str:
+def corrupt_digit(value: str, rng: random.Random) -> str:
     """``value`` with one digit replaced by a different one."""
     i = rng.randrange(len(value))
     digits = [d for d in "0123456789" if d != value[i] and not (i == 0 and d == "0")]
@@ -39,9 +39,9 @@ def demonstrations(
         value = row["answer"]
         msgs = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": row["question"]}]
         if rng.random() < p_direct:
-            msgs.append({"role": "assistant", "content": f"\\boxed{{{_corrupt(value, rng)}}}"})
+            msgs.append({"role": "assistant", "content": f"\\boxed{{{corrupt_digit(value, rng)}}}"})
         else:
-            copied = _corrupt(value, rng) if rng.random() < p_copy_error else value
+            copied = corrupt_digit(value, rng) if rng.random() < p_copy_error else value
             msgs += [
                 {"role": "assistant", "content": f"<code>print({expr})</code>"},
                 {"role": "tool", "content": format_interpreter(value)},

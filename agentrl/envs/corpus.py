@@ -9,7 +9,8 @@ import gymnasium
 
 
 def _env_module(env_id: str) -> Any:
-    """The module that defines the environment ``env_id`` (a registered id or ``module:Class``)."""
+    """The module that defines the environment ``env_id`` (a registered id or ``module:Class``),
+    or the agent program ``module:function``."""
     import agentrl.envs  # noqa: F401  (registers the built-in environments)
 
     if ":" in env_id and env_id not in gymnasium.registry:
@@ -22,7 +23,7 @@ def _env_module(env_id: str) -> Any:
 
 def tokenizer_corpus(env_id: str, rows: list[dict[str, Any]], *, seed: int = 0, n_texts: int = 2000) -> list[str]:
     """Texts for tokenizer training: every row's fields as text, plus whole example episodes when
-    the environment's module offers ``sample_texts(n, seed)``."""
+    the environment's (or agent's) module offers ``sample_texts(n, seed)``."""
     texts = [" ".join(str(v) for v in row.values()) for row in rows[:n_texts]]
     try:
         module = _env_module(env_id)

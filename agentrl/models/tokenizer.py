@@ -40,24 +40,52 @@ TOOL_TOKENS: tuple[str, ...] = (
 """Atomic, non-special added tokens (kept by ``skip_special_tokens=True``); they take the last ids."""
 
 CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages and messages[0]['role'] == 'system' and messages[0]['content'] is string %}"
+    "{{- messages[0]['content'] + '\\n' }}"
+    "{%- endif %}"
+    "{{- '<tools>\\n' }}"
+    "{%- for tool in tools %}"
+    "{{- (tool['function'] if tool['function'] is defined else tool) | tojson }}{{- '\\n' }}"
+    "{%- endfor %}"
+    "{{- '</tools><|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- for message in messages %}"
     "{%- if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
     "{{- raise_exception('Unknown chat role: ' + message['role']) }}"
     "{%- endif %}"
+    "{%- if not (tools and loop.first and message['role'] == 'system') %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' }}"
     "{%- if message['content'] is string %}{{- message['content'] }}{%- endif %}"
+    "{%- if message['role'] == 'assistant' and message['tool_calls'] is defined and message['tool_calls'] %}"
+    "{%- for call in message['tool_calls'] %}"
+    "{%- set f = call['function'] if call['function'] is defined else call %}"
+    "{%- if message['content'] or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + f['name'] + '\", \"arguments\": ' }}"
+    "{%- if f['arguments'] is string %}{{- f['arguments'] }}{%- else %}{{- f['arguments'] | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{%- endif %}"
     "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}"
     "{{- '<|im_start|>assistant\\n' }}"
     "{%- endif %}"
 )
-"""ChatML (as Qwen2.5 renders it, without the default system prompt and tool schemas).
+"""ChatML as Qwen2.5 renders it, with compact tool support (no default system prompt).
 
 Each message becomes ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` for the roles system, user,
-assistant and tool; ``add_generation_prompt=True`` appends ``<|im_start|>assistant\\n``. Rendering
-is append-only: a conversation rendered with the generation prompt is a prefix of the same
-conversation rendered with the assistant's reply appended.
+assistant and tool; ``add_generation_prompt=True`` appends ``<|im_start|>assistant\\n``.
+With ``tools`` (OpenAI function schemas), the system turn ends with ``<tools>``, one JSON function
+schema per line, ``</tools>`` (a system turn is created if the conversation has none). An
+assistant message's ``tool_calls`` follow its content, each as
+``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` (Hermes, the format
+:class:`agentrl.envs.parsers.HermesParser` reads); tool messages keep the ``tool`` role.
+Without tools and tool calls the rendering is the plain ChatML above, unchanged.
+Rendering is append-only: a conversation rendered with the generation prompt is a prefix of the
+same conversation rendered with the assistant's reply appended.
 """
 
 _MIN_VOCAB = len(SPECIAL_TOKENS) + 256 + len(TOOL_TOKENS)
