@@ -267,3 +267,28 @@ def test_vllm_loads_tiny_model(model_dir: Path, tok, monkeypatch: pytest.MonkeyP
     with torch.no_grad():
         first = model(input_ids=torch.tensor([prompt])).logits[0, -1].argmax().item()
     assert token_ids[0] == first
+
+
+TOOLS = [{"type": "function", "function": {"name": "python", "parameters": {"type": "object", "properties": {"code": {"type": "string"}}}}}]
+
+
+def test_chat_template_renders_tools_and_tool_calls_in_hermes_form(tok) -> None:
+    call = {"type": "function", "function": {"name": "python", "arguments": {"code": "print(1)"}}}
+    messages = [CONVERSATION[0], CONVERSATION[1], {"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "content": "1"}]
+    text = tok.apply_chat_template(messages, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    assert text == (
+        "<|im_start|>system\nYou are a calculator.\n<tools>\n"
+        '{"name": "python", "parameters": {"type": "object", "properties": {"code": {"type": "string"}}}}\n'
+        "</tools><|im_end|>\n"
+        "<|im_start|>user\nCompute 123*45+6.<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>\n{"name": "python", "arguments": {"code": "print(1)"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>tool\n1<|im_end|>\n<|im_start|>assistant\n"
+    )
+    from agentrl.envs.parsers import HermesParser
+
+    calls = HermesParser().parse(text.split("<|im_start|>assistant\n")[1])
+    assert [(c.name, c.arguments, c.error) for c in calls] == [("python", {"code": "print(1)"}, None)]
+    # no system message: one is made for the tools; without tools nothing changes
+    no_system = tok.apply_chat_template([CONVERSATION[1]], tools=TOOLS, tokenize=False)
+    assert no_system.startswith("<|im_start|>system\n<tools>\n")
+    assert tok.apply_chat_template(CONVERSATION, tokenize=False) == tok.apply_chat_template(CONVERSATION, tools=None, tokenize=False)
