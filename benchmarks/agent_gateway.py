@@ -1,0 +1,203 @@
+"""Agent episodes through the gateway against the same task as an environment, in one run.
+
+The task is Calc with a Python tool through function calling, played two ways on the same vLLM
+engine, sandbox, model, rows and sampling seeds:
+
+- *gateway*: :func:`agentrl.envs.calc_agent.calc_agent`, an OpenAI-SDK agent, through
+  :func:`agentrl.engine.agent_episode.play_agent_episode`: every model call is an HTTP request to
+  the gateway (JSON, message matching, template rendering of the new messages, tool-call parsing,
+  the SDK's own parsing of the answer);
+- *env*: :class:`MirrorEnv`, a ``TextEnv`` that shows the model exactly the same text (the system
+  turn holds the same ``<tools>`` block the chat template writes, tool output comes back as a
+  ``tool`` message, the answer is scored the same way), played by
+  :func:`agentrl.engine.rollout.play_episode`, token in/token out with no HTTP at all.
+
+Both passes sample every turn with the same seeds, so they generate (nearly) the same tokens;
+generated tokens/s of each pass, median over ``--repeats`` alternating passes, and their ratio.
+
+    .venv/bin/python benchmarks/agent_gateway.py --model runs/tiny_agent/sft --episodes 128 --concurrency 32 --repeats 5 --write
+
+The model should be one that calls the tool in this format (the SFT stage of
+``recipes/tiny_agent.toml``), so that episodes are multi-turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from _measure import busy_cpu_s, emit, run_header
+
+
+def mirror_env_class() -> type:
+    """:class:`MirrorEnv`, defined on first use (the envs package is imported lazily)."""
+    from agentrl.agents import PYTHON_TOOL
+    from agentrl.envs.base import TextEnv
+    from agentrl.envs.calc_agent import MAX_CALLS, SYSTEM_PROMPT, score
+    from agentrl.envs.parsers import HermesParser
+
+    system = f"{SYSTEM_PROMPT}\n<tools>\n{json.dumps(PYTHON_TOOL['function'])}\n</tools>"
+
+    class MirrorEnv(TextEnv):
+        """The calc agent as an environment: same prompt text, same tool, same reward."""
+
+        def __init__(self, sandbox: Any) -> None:
+            super().__init__()
+            self.sandbox = sandbox
+            self.parser = HermesParser()
+
+        def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[list[dict], dict]:
+            self.row = (options or {})["row"]
+            self.turn = 0
+            return [{"role": "system", "content": system}, {"role": "user", "content": self.row["question"]}], {}
+
+        def step(self, action: str) -> Any:
+            raise NotImplementedError("MirrorEnv is asynchronous: use astep")
+
+        async def astep(self, action: str) -> tuple[list[dict], float, bool, bool, dict]:
+            from agentrl.agents import episode_sandbox, run_code
+
+            self.turn += 1
+            calls = [c for c in self.parser.parse(action) if c.error is None]
+            if not calls or self.turn >= MAX_CALLS:
+                content = action.split("<tool_call>")[0]
+                return [], score(content, self.row), True, False, {"tool_calls": 0}
+            token = episode_sandbox.set(self.sandbox)
+            try:
+                outputs = [await run_code(str(c.arguments.get("code", ""))) for c in calls]
+            finally:
+                episode_sandbox.reset(token)
+            return [{"role": "tool", "content": out} for out in outputs], 0.0, False, False, {"tool_calls": len(calls)}
+
+    return MirrorEnv
+
+
+async def env_pass(gen: Any, tok: Any, rows: list[dict], concurrency: int, sandbox: Any) -> tuple[float, list[Any]]:
+    from agentrl.engine.rollout import play_episode
+
+    env_cls = mirror_env_class()
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> Any:
+        async with sem:
+            return await play_episode(
+                env_cls(sandbox), tok, gen.generate, row=rows[i], group_id=f"g{i}", prompt_index=i, sample_index=0, seed=0,
+                sampling={"temperature": 1.0}, max_new_tokens=64, max_episode_tokens=512, max_turns=3,
+            )
+
+    t0 = time.monotonic()
+    out = await asyncio.gather(*[one(i) for i in range(len(rows))])
+    return time.monotonic() - t0, out
+
+
+async def gateway_pass(gen: Any, tok: Any, rows: list[dict], concurrency: int, sandbox: Any) -> tuple[float, list[Any]]:
+    import httpx
+
+    from agentrl.engine.agent_episode import play_agent_episode
+    from agentrl.engine.gateway import Gateway
+    from agentrl.engine.rollout import episode_seed
+    from agentrl.envs.calc_agent import calc_agent
+
+    gateway = Gateway(tok)
+    await gateway.start()
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(i: int, http: Any) -> Any:
+        async with sem:
+            return await play_agent_episode(
+                calc_agent, gateway, gen.generate, http_client=http, row=rows[i], group_id=f"g{i}", prompt_index=i, sample_index=0,
+                defaults={"temperature": 1.0}, max_new_tokens=64, max_episode_tokens=512, max_calls=3, timeout_s=300.0,
+                sandbox=sandbox, seed_of=lambda call, choice, i=i: episode_seed(0, i, 0, call),
+            )
+
+    try:
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=256)) as http:
+            t0 = time.monotonic()
+            out = await asyncio.gather(*[one(i, http) for i in range(len(rows))])
+            return time.monotonic() - t0, out
+    finally:
+        await gateway.aclose()
+
+
+async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from agentrl.engine.generator import EngineSettings, VllmGenerator
+    from agentrl.envs.data import load_rows
+    from agentrl.models.loading import load_tokenizer
+    from agentrl.sandbox import create_sandbox
+
+    tok = load_tokenizer(args.model)
+    rows = load_rows("synthetic:calc", limit=args.episodes, seed=123)
+    sandbox = create_sandbox("bubblewrap", max_concurrency=args.sandbox_concurrency, timeout_s=5.0, memory_mb=256, preload=[])
+    await sandbox.start()
+    gen = VllmGenerator(EngineSettings(model=args.model, max_model_len=1024, kv_cache_gib=0.5, cpu_threads_bind=args.bind))
+    await gen.start()
+    passes = {"env": env_pass, "gateway": gateway_pass}
+    results = []
+    try:
+        for fn in passes.values():  # untimed warm-up of both paths
+            await fn(gen, tok, rows[:16], 8, sandbox)
+        for r in range(args.repeats):
+            order = list(passes.items()) if r % 2 == 0 else list(passes.items())[::-1]
+            for name, fn in order:
+                cpu0 = busy_cpu_s()
+                wall, trajs = await fn(gen, tok, rows, args.concurrency, sandbox)
+                cpu = busy_cpu_s() - cpu0
+                tokens = sum(t.num_generated for t in trajs)
+                results.append({
+                    "pass": name, "tokens_per_s": tokens / wall, "tokens": tokens, "wall_s": wall, "busy_cores": cpu / wall,
+                    "turns": statistics.mean(t.metrics["turns"] for t in trajs),
+                    "reward": statistics.mean(t.reward for t in trajs),
+                    "failures": sum(not t.trainable for t in trajs),
+                })
+    finally:
+        await gen.shutdown()
+        await sandbox.aclose()
+    return results
+
+
+def format_block(args: argparse.Namespace, results: list[dict[str, Any]], started: float) -> str:
+    def med(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in results if r["pass"] == name)
+
+    head = (
+        f"{run_header(started)}. Calc through function calling, {args.episodes} episodes per pass at concurrency "
+        f"{args.concurrency}, {args.repeats} repeats alternating the order (medians), model `{args.model}`, one vLLM engine, "
+        "bubblewrap sandbox. *gateway*: the OpenAI-SDK agent `calc_agent` through the gateway; *env*: the same prompts, "
+        "tool and reward as a `TextEnv`, token in/token out."
+    )
+    lines = ["| pass | generated tok/s | tokens | wall s | busy cores | turns/episode | reward | failures |", "|---|---|---|---|---|---|---|---|"]
+    for name in ("env", "gateway"):
+        lines.append(
+            f"| {name} | {med(name, 'tokens_per_s'):.0f} | {med(name, 'tokens'):.0f} | {med(name, 'wall_s'):.2f} | "
+            f"{med(name, 'busy_cores'):.2f} | {med(name, 'turns'):.2f} | {med(name, 'reward'):.3f} | {med(name, 'failures'):.0f} |"
+        )
+    ratios = [g["tokens_per_s"] / e["tokens_per_s"] for e, g in zip(
+        [r for r in results if r["pass"] == "env"], [r for r in results if r["pass"] == "gateway"])]
+    lines.append("")
+    lines.append(f"gateway / env tokens/s: median **{statistics.median(ratios):.2f}** (per repeat: {', '.join(f'{x:.2f}' for x in ratios)})")
+    return head + "\n\n" + "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="a Hugging Face folder that calls tools in Hermes form (tiny_agent's SFT stage)")
+    ap.add_argument("--episodes", type=int, default=128)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--bind", default="0-1", help="VLLM_CPU_OMP_THREADS_BIND")
+    ap.add_argument("--sandbox-concurrency", type=int, default=8, help="bubblewrap workers")
+    ap.add_argument("--write", action="store_true", help="put the command, date, machine and table in benchmarks/RESULTS.md")
+    args = ap.parse_args()
+    started = time.time()
+    results = asyncio.run(main_async(args))
+    key = f"agent-gateway {Path(args.model).name} episodes={args.episodes} concurrency={args.concurrency}"
+    emit(format_block(args, results, started), key, args.write, section="agent gateway")
+
+
+if __name__ == "__main__":
+    main()
