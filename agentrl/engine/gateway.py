@@ -266,14 +266,14 @@ class Gateway:
         text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
         content = _strip_special(text, self._specials)
         suffix = text[len(content):]
-        if gen.finish_reason == "stop" and isinstance(gen.stop_reason, str) and content.endswith(gen.stop_reason):
-            content = content[: -len(gen.stop_reason)]  # the API leaves stop sequences out
         finish = "length" if gen.finish_reason == "length" else "stop"
-        calls = self.parser.parse(content) if req.parse_tools else []
+        calls = self.parser.parse(content) if req.parse_tools else []  # a stop string may close a call
         if calls and all(c.error is None for c in calls):
             ids = [f"call_{secrets.token_hex(6)}" for _ in calls]
             message = tool_call_message(content[: calls[0].start].strip(), [(c.name, c.arguments) for c in calls], ids)
             finish = "tool_calls"
         else:
+            if gen.finish_reason == "stop" and isinstance(gen.stop_reason, str) and content.endswith(gen.stop_reason):
+                content = content[: -len(gen.stop_reason)]  # the API leaves stop sequences out
             message = tool_call_message(content, [], [])
         return Reply(message=message, generation=gen, text=text, special_suffix=suffix), finish

@@ -128,7 +128,8 @@ class FakeGenerator(GeneratorCounters, Generator):
 class ScriptedGenerator(GeneratorCounters, Generator):
     """A generator that writes what ``script(prompt_text, sampling)`` returns, for gateway and
     agent tests: the text's ids (``tokenize(text)``, default the tokenizer's own encoding) and the
-    end-of-sequence id, cut to ``max_tokens`` (finish ``length``); log-prob ``-0.5`` per token,
+    end-of-sequence id, or the text up to and including the first ``stop`` string in it (no EOS,
+    ``stop_reason`` that string), cut to ``max_tokens`` (finish ``length``); log-prob ``-0.5`` per token,
     labelled with the version it serves. ``calls`` records ``(prompt_ids, sampling, ids)``."""
 
     def __init__(self, tokenizer: Any, script: Callable[[str, dict[str, Any]], str], *, version: int = 0,
@@ -146,13 +147,19 @@ class ScriptedGenerator(GeneratorCounters, Generator):
         with self.busy:
             await asyncio.sleep(0)
             text = self.script(self.tokenizer.decode(prompt_token_ids, skip_special_tokens=False), sampling)
-            ids = self.tokenize(text) + [self.tokenizer.eos_token_id]
+            hits = [(text.find(s) + len(s), s) for s in sampling.get("stop") or [] if s in text]
+            stop_reason = None
+            if hits:  # as vLLM with include_stop_str_in_output: cut after the first stop string, kept
+                end, stop_reason = min(hits)
+                ids = self.tokenize(text[:end])
+            else:
+                ids = self.tokenize(text) + [self.tokenizer.eos_token_id]
             limit = int(sampling.get("max_tokens", len(ids)))
             finish = "stop" if len(ids) <= limit else "length"
             ids = ids[:limit]
             self.tokens_generated += len(ids)
             self.calls.append((list(prompt_token_ids), dict(sampling), ids))
-            return Generation(ids, [-0.5] * len(ids), [self.version] * len(ids), finish)
+            return Generation(ids, [-0.5] * len(ids), [self.version] * len(ids), finish, stop_reason if finish == "stop" else None)
 
     async def update_weights(self, version: int, path: str) -> float:
         self.version = version

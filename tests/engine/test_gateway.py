@@ -281,3 +281,18 @@ def test_a_body_that_is_not_json_is_a_400(tok):
 
     r = asyncio.run(main())
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_stop_strings_are_left_out_of_the_content_but_kept_in_the_ids_and_may_close_a_tool_call(tok):
+    async def agent(client):
+        plain = await client.chat.completions.create(model=MODEL, messages=START, stop=["</x>"])
+        call = await client.chat.completions.create(model=MODEL, messages=START, tools=[PYTHON_TOOL], stop=["</tool_call>"])
+        return plain, call
+
+    def script(prompt, params):
+        return CALL + " and more" if params.get("stop") == ["</tool_call>"] else "answer</x> never seen"
+
+    traj, gen, _, (plain, call) = run(tok, script, agent)
+    assert plain.choices[0].message.content == "answer" and plain.choices[0].finish_reason == "stop"
+    assert tok.decode(gen.calls[0][2]) == "answer</x>"  # what was sampled, stop string included
+    assert call.choices[0].finish_reason == "tool_calls" and call.choices[0].message.tool_calls[0].function.name == "python"
