@@ -6,7 +6,8 @@ Metrics (fractions in [0, 1] unless said otherwise):
 - ``reward_mean``: mean episode reward;
 - ``tool_call_rate``: episodes that made at least one tool call;
 - ``turns_mean``: mean model turns per episode (a count);
-- ``infra_failures``: episodes lost to the infrastructure (excluded from the other metrics; a count).
+- ``infra_failures``: episodes lost to the infrastructure (excluded from the other metrics; a count);
+- ``agent_failures``: agent episodes whose agent program failed (excluded likewise; a count).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import json
 import time
 from typing import Any
 
-from agentrl.engine.trajectory import Trajectory
+from agentrl.engine.trajectory import AGENT_FAILURE, Trajectory
 
 __all__ = ["Evaluator", "evaluate", "summarise"]
 
@@ -31,7 +32,8 @@ def summarise(trajs: list[Trajectory]) -> dict[str, float]:
         "tool_call_rate": sum(1 for t in ok if t.metrics.get("tool_calls", 0) > 0) / n,
         "turns_mean": sum(t.metrics.get("turns", 0) for t in ok) / n,
         "episodes": float(len(ok)),
-        "infra_failures": float(len(trajs) - len(ok)),
+        "infra_failures": float(sum(not t.trainable and t.status != AGENT_FAILURE for t in trajs)),
+        "agent_failures": float(sum(t.status == AGENT_FAILURE for t in trajs)),
     }
 
 

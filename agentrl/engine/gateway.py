@@ -15,7 +15,8 @@ Answers, as the OpenAI API gives them (the SDK raises the matching exception):
   ``context_length_exceeded`` when the prompt leaves no room under the episode's token limit, and
   ``episode_call_limit`` past the episode's call limit (the episode then ends as ``overflow`` /
   ``truncated`` rather than as an agent failure);
-- 401: wrong key; 404: unknown model name or episode (``NotFoundError``); 409: the episode is over;
+- 401: wrong key; 404: unknown model name, or an episode unknown or over (``NotFoundError``); 409:
+  the gateway is shutting down;
 - 503 ``server_error``: the generator failed (the episode becomes an infrastructure failure).
 
 It runs on the asyncio loop of its owner (a Ray actor's loop): agents must use the async client.

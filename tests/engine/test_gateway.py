@@ -31,14 +31,15 @@ def tool_script(prompt: str, params: dict[str, Any]) -> str:
     return "\\boxed{5}" if "<|im_start|>tool" in prompt else CALL
 
 
-def run(tok, script, agent, *, tokenize=None, max_context=1024, max_calls=8, **session_kw):
-    """Serve one episode of ``agent(client)``; (trajectory, generator, session, agent result)."""
+def run(tok, script, agent, *, tokenize=None, max_context=1024, max_calls=8, generate=None, **session_kw):
+    """Serve one episode of ``agent(client)`` on a generator scripted by ``script`` (or on
+    ``generate``); (trajectory, generator, session, agent result)."""
     gen = ScriptedGenerator(tok, script, tokenize=tokenize)
 
     async def main():
         gw = Gateway(tok)
         await gw.start()
-        session = Session(recorder=ChatRecorder(tok), generate=gen.generate, defaults={"temperature": 1.0},
+        session = Session(recorder=ChatRecorder(tok), generate=generate or gen.generate, defaults={"temperature": 1.0},
                           max_new_tokens=200, max_context_tokens=max_context, max_calls=max_calls, **session_kw)
         url = gw.open(session)
         async with httpx.AsyncClient() as http:
@@ -251,21 +252,11 @@ def test_a_failing_generator_is_a_503_and_marks_the_session(tok):
     async def broken(ids, params):
         raise GeneratorError("engine died")
 
-    async def main():
-        gw = Gateway(tok)
-        await gw.start()
-        session = Session(recorder=ChatRecorder(tok), generate=broken, defaults={}, max_new_tokens=4, max_context_tokens=512, max_calls=4)
-        url = gw.open(session)
-        client = openai.AsyncOpenAI(base_url=url, api_key=gw.api_key, max_retries=0)
-        try:
-            with pytest.raises(openai.InternalServerError):
-                await client.chat.completions.create(model=MODEL, messages=START)
-        finally:
-            await client.close()
-            await gw.aclose()
-        return session
+    async def agent(client):
+        with pytest.raises(openai.InternalServerError):
+            await client.chat.completions.create(model=MODEL, messages=START)
 
-    session = asyncio.run(main())
+    _, _, session, _ = run(tok, None, agent, generate=broken)
     assert "engine died" in session.infra_error
 
 
