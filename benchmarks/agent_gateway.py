@@ -96,10 +96,8 @@ async def env_pass(gen: Any, tok: Any, rows: list[dict], concurrency: int, sandb
 
 
 async def gateway_pass(gen: Any, tok: Any, rows: list[dict], concurrency: int, sandbox: Any) -> tuple[float, list[Any]]:
-    import httpx
-
     from agentrl.engine.agent_episode import play_agent_episode
-    from agentrl.engine.gateway import Gateway
+    from agentrl.engine.gateway import Gateway, new_http_client
     from agentrl.engine.rollout import episode_seed
     from agentrl.envs.calc_agent import calc_agent
 
@@ -116,12 +114,81 @@ async def gateway_pass(gen: Any, tok: Any, rows: list[dict], concurrency: int, s
             )
 
     try:
-        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=256)) as http:
+        async with new_http_client() as http:
             t0 = time.monotonic()
             out = await asyncio.gather(*[one(i, http) for i in range(len(rows))])
             return time.monotonic() - t0, out
     finally:
         await gateway.aclose()
+
+
+async def call_costs(tok: Any, calls: int) -> dict[str, float]:
+    """CPU milliseconds per sequential ``chat.completions.create`` with no model: through the
+    gateway (a scripted generator answers at once: what the gateway itself costs, rendering and
+    recording included), and against a bare aiohttp handler that returns a canned answer (the
+    floor: the SDK and HTTP on both ends)."""
+    import socket
+
+    import openai
+    from aiohttp import web
+
+    from agentrl.agents import MODEL, PYTHON_TOOL
+    from agentrl.engine.chat_segments import ChatRecorder
+    from agentrl.engine.gateway import Gateway, Session, new_http_client
+    from agentrl.engine.testing import ScriptedGenerator
+
+    messages = [{"role": "system", "content": "Compute with the python tool."}, {"role": "user", "content": "Compute 1+2."}]
+    out: dict[str, float] = {}
+    async with new_http_client() as http:
+        gateway = Gateway(tok)
+        await gateway.start()
+        gen = ScriptedGenerator(tok, lambda prompt, sampling: "\\boxed{3}")
+        url = gateway.open(Session(recorder=ChatRecorder(tok), generate=gen.generate, defaults={}, max_new_tokens=32,
+                                   max_context_tokens=512, max_calls=10 * calls))
+        client = openai.AsyncOpenAI(base_url=url, api_key=gateway.api_key, max_retries=0, http_client=http)
+        raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=messages, tools=[PYTHON_TOOL])
+        canned = raw.http_response.json()
+
+        async def answer(request: Any) -> Any:
+            await request.json()
+            return web.json_response(canned)
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", answer)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        await web.SockSite(runner, sock).start()
+        bare = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}/v1", api_key="k", max_retries=0, http_client=http)
+        try:
+            for name, c in (("gateway", client), ("floor", bare)):
+                for _ in range(20):  # warm-up
+                    await c.chat.completions.create(model=MODEL, messages=messages, tools=[PYTHON_TOOL])
+                t0 = time.process_time()
+                for _ in range(calls):
+                    await c.chat.completions.create(model=MODEL, messages=messages, tools=[PYTHON_TOOL])
+                out[name] = (time.process_time() - t0) / calls * 1e3
+        finally:
+            await runner.cleanup()
+            await gateway.aclose()
+    return out
+
+
+class RemoteGenerator:
+    """A generator Ray actor called as a local object (what a rollout worker does with its handles)."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    async def start(self) -> Any:
+        return await self.handle.start.remote()
+
+    async def generate(self, ids: list[int], sampling: dict[str, Any]) -> Any:
+        return await self.handle.generate.remote(ids, sampling)
+
+    async def shutdown(self) -> None:
+        await self.handle.shutdown.remote()
 
 
 async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -134,10 +201,18 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = load_rows("synthetic:calc", limit=args.episodes, seed=123)
     sandbox = create_sandbox("bubblewrap", max_concurrency=args.sandbox_concurrency, timeout_s=5.0, memory_mb=256, preload=[])
     await sandbox.start()
-    gen = VllmGenerator(EngineSettings(model=args.model, max_model_len=1024, kv_cache_gib=0.5, cpu_threads_bind=args.bind))
+    settings = EngineSettings(model=args.model, max_model_len=1024, kv_cache_gib=0.5, cpu_threads_bind=args.bind)
+    if args.generator == "actor":  # as `agentrl train` places it: vLLM in its own process, called through Ray
+        from agentrl.engine.cluster import new_actor, start_ray, stop_ray
+        from agentrl.engine.wiring import ACTOR_ENV_VARS
+
+        start_ray({"num_cpus": 4, "include_dashboard": False, "log_to_driver": False})
+        gen = RemoteGenerator(new_actor(VllmGenerator, {"num_cpus": 1, "runtime_env": {"env_vars": ACTOR_ENV_VARS}}, settings))
+    else:
+        gen = VllmGenerator(settings)
     await gen.start()
     passes = {"env": env_pass, "gateway": gateway_pass}
-    results = []
+    results: list[dict[str, Any]] = [{"pass": "calls", **(await call_costs(tok, 300))}]
     try:
         for fn in passes.values():  # untimed warm-up of both paths
             await fn(gen, tok, rows[:16], 8, sandbox)
@@ -157,6 +232,8 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     finally:
         await gen.shutdown()
         await sandbox.aclose()
+        if args.generator == "actor":
+            stop_ray()
     return results
 
 
@@ -166,7 +243,8 @@ def format_block(args: argparse.Namespace, results: list[dict[str, Any]], starte
 
     head = (
         f"{run_header(started)}. Calc through function calling, {args.episodes} episodes per pass at concurrency "
-        f"{args.concurrency}, {args.repeats} repeats alternating the order (medians), model `{args.model}`, one vLLM engine, "
+        f"{args.concurrency}, {args.repeats} repeats alternating the order (medians), model `{args.model}`, one vLLM engine "
+        f"({'in a Ray actor, as in a run' if args.generator == 'actor' else 'in the episodes process'}), "
         "bubblewrap sandbox. *gateway*: the OpenAI-SDK agent `calc_agent` through the gateway; *env*: the same prompts, "
         "tool and reward as a `TextEnv`, token in/token out."
     )
@@ -180,6 +258,12 @@ def format_block(args: argparse.Namespace, results: list[dict[str, Any]], starte
         [r for r in results if r["pass"] == "env"], [r for r in results if r["pass"] == "gateway"])]
     lines.append("")
     lines.append(f"gateway / env tokens/s: median **{statistics.median(ratios):.2f}** (per repeat: {', '.join(f'{x:.2f}' for x in ratios)})")
+    costs = next(r for r in results if r["pass"] == "calls")
+    lines.append("")
+    lines.append(
+        f"CPU per call with no model (300 sequential calls): {costs['gateway']:.2f} ms through the gateway, "
+        f"{costs['floor']:.2f} ms of which is the floor (the SDK against a bare aiohttp handler with a canned answer)."
+    )
     return head + "\n\n" + "\n".join(lines)
 
 
@@ -190,12 +274,14 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--bind", default="0-1", help="VLLM_CPU_OMP_THREADS_BIND")
+    ap.add_argument("--generator", default="actor", choices=["actor", "inprocess"],
+                    help="vLLM in a Ray actor, as in a run (default), or in this process, sharing the episodes' event loop")
     ap.add_argument("--sandbox-concurrency", type=int, default=8, help="bubblewrap workers")
     ap.add_argument("--write", action="store_true", help="put the command, date, machine and table in benchmarks/RESULTS.md")
     args = ap.parse_args()
     started = time.time()
     results = asyncio.run(main_async(args))
-    key = f"agent-gateway {Path(args.model).name} episodes={args.episodes} concurrency={args.concurrency}"
+    key = f"agent-gateway {Path(args.model).name} episodes={args.episodes} concurrency={args.concurrency} generator={args.generator}"
     emit(format_block(args, results, started), key, args.write, section="agent gateway")
 
 

@@ -175,18 +175,18 @@ class ChatRecorder:
         return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
 
     def _glue(self, seg: _Segment, reply: Reply, new: list[dict[str, Any]]) -> list[int] | None:
-        """Ids that follow ``reply``'s own ids when ``new`` messages come after it, or None when
-        the template does not render the conversation append-only."""
-        sentinel = {"role": "assistant", "content": _SENTINEL}
-        closed = self._render(seg.messages + [sentinel], seg.tools, False)
-        follow = self._render(seg.messages + [sentinel, *new], seg.tools, True)
-        at = closed.rfind(_SENTINEL)
-        if at < 0 or not follow.startswith(closed):
+        """Ids that follow ``reply``'s own ids when ``new`` messages come after it: what the
+        template writes after an assistant reply (its end of turn, unless the model wrote that
+        itself), the new messages and the next assistant header. None when the template does not
+        show the reply verbatim (the conversation then starts a segment)."""
+        follow = self._render(seg.messages + [{"role": "assistant", "content": _SENTINEL}, *new], seg.tools, True)
+        at = follow.rfind(_SENTINEL)
+        if at < 0 or follow.count(_SENTINEL) != 1:
             return None
-        closing = closed[at + len(_SENTINEL):]  # what the template writes after a reply (e.g. EOS, newline)
-        if reply.special_suffix and closing.startswith(reply.special_suffix):
-            closing = closing[len(reply.special_suffix):]  # the model wrote the EOS itself
-        return self._encode(closing + follow[len(closed):])
+        glue = follow[at + len(_SENTINEL):]
+        if reply.special_suffix and glue.startswith(reply.special_suffix):
+            glue = glue[len(reply.special_suffix):]  # the model wrote the end of turn (EOS) itself
+        return self._encode(glue)
 
     # ------------------------------------------------------------------ calls
     def begin(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Call:

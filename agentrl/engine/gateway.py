@@ -39,7 +39,7 @@ from agentrl.engine.interfaces import Generation
 from agentrl.engine.stops import with_stop_token_ids
 from agentrl.errors import AgentRLError, InfraError, RequestError
 
-__all__ = ["Gateway", "Session"]
+__all__ = ["Gateway", "Session", "new_http_client"]
 
 GenerateFn = Callable[[list[int], dict[str, Any]], Awaitable[Generation]]
 
@@ -75,6 +75,15 @@ class Session:
     tool_calls: int = 0
     """Tool calls the model made (in the first choice of each call)."""
     closed: bool = False
+
+
+def new_http_client() -> Any:
+    """The connection pool the episodes' OpenAI clients share (``http_client=``): openai's
+    aiohttp-backed client (httpx-aiohttp). httpx's own pool checks every pooled connection on each
+    request, which costs milliseconds per call with one connection per episode in flight."""
+    import openai
+
+    return openai.DefaultAioHttpClient(timeout=None)
 
 
 def _strip_special(text: str, specials: list[str]) -> str:
