@@ -327,13 +327,11 @@ class RolloutWorker:
         """Start the agent gateway and the HTTP client pool on first use (on this actor's loop)."""
         async with self._gateway_lock:
             if self.gateway is None:
-                import httpx
-
-                from agentrl.engine.gateway import Gateway
+                from agentrl.engine.gateway import Gateway, new_http_client
 
                 gateway = Gateway(self.tokenizer, model_name=self.agent_model)
                 await gateway.start()
-                self._http = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+                self._http = new_http_client()
                 self.gateway = gateway
 
     async def _agent_episode(
