@@ -91,7 +91,14 @@ def _train(args: argparse.Namespace, hooks: Sequence[Any] = ()) -> int:
 
     recipe = load_recipe(args.recipe, args.overrides)
     _stop_on_signals()
-    summary = Controller(recipe, hooks=hooks).run()
+    controller = Controller(recipe, hooks=hooks)
+    try:
+        summary = controller.run()
+    except AgentRLError as exc:
+        logs = controller.run_dir.logs
+        if logs.is_dir() and any(logs.iterdir()):  # the actors' own output says more
+            exc.logs = logs  # type: ignore[attr-defined]
+        raise
     print(
         f"done: {summary.steps} steps, weight version {summary.version}, {summary.samples_trained} samples trained, "
         f"{summary.dropped_stale} dropped as stale, {summary.infra_failures} infra failures, "
@@ -161,6 +168,8 @@ def main(argv: Sequence[str] | None = None, *, hooks: Sequence[Any] = ()) -> int
         return _model_init(args)
     except AgentRLError as exc:
         print(f"agentrl: error: {exc}", file=sys.stderr)
+        if getattr(exc, "logs", None) is not None:
+            print(f"agentrl: what the generators, learners and rollout workers printed: {exc.logs}/", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("agentrl: interrupted", file=sys.stderr)

@@ -337,6 +337,10 @@ class LearnerConfig(_Section):
     """Longest wait for one training step or weight publication, seconds."""
     keep_versions: int = Field(3, gt=0)
     """Published weight versions kept on disk (older ones are deleted)."""
+    max_degenerate_steps: int = Field(5, ge=0)
+    """Stop the run after this many degenerate steps in a row: every prompt longer than the
+    episode token limit, every episode failed, no token trained, or every group's rewards equal
+    (no learning signal). Each such step is said in words on the console; 0: never stop."""
     max_restarts: int = Field(2, ge=0)
     """Times a run restarts its learner ranks from the newest checkpoint after one died (killed,
     out of memory, crashed); 0: a dead rank ends the run (rerunning the command resumes)."""

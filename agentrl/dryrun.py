@@ -77,6 +77,38 @@ def _env(recipe: Recipe) -> tuple[str, str]:
     return "ok", f"{recipe.env.id}: builds with {recipe.env.kwargs or 'no kwargs'}"
 
 
+def _prompt(recipe: Recipe) -> tuple[str, str]:
+    """The first data row's prompt, rendered with the model's chat template, against the limits."""
+    limit = min(recipe.rollout.max_episode_tokens, recipe.generator.max_model_len)
+    limits = f"rollout.max_episode_tokens={recipe.rollout.max_episode_tokens}, generator.max_model_len={recipe.generator.max_model_len}"
+    if recipe.env.agent is not None:
+        return "ok", f"an agent's prompts are its own calls; one over {limit} tokens ({limits}) is answered 400 context_length_exceeded"
+    if not Path(recipe.model.path).exists():
+        return "ok", f"not rendered: {recipe.model.path} does not exist yet (it is built or imported by the run)"
+    from agentrl.engine.render import IncrementalRenderer
+    from agentrl.envs import make_env
+    from agentrl.envs.data import load_rows
+    from agentrl.models.loading import load_tokenizer
+
+    try:
+        row = load_rows(recipe.data.source, split=recipe.data.split, fields=recipe.data.fields or None, limit=1, seed=recipe.seed)[0]
+        env = make_env(recipe.env.id, **{"sandbox": recipe.sandbox.type, **recipe.env.kwargs})
+        try:
+            messages, _ = env.unwrapped.reset(seed=recipe.seed, options={"row": row})
+        finally:
+            env.close()
+        n = len(IncrementalRenderer(load_tokenizer(recipe.model.path), messages).prompt_ids())
+    except AgentRLError as exc:
+        return "error", f"cannot render a prompt: {exc}"
+    room = limit - n
+    detail = f"the first prompt is {n} tokens; an episode may hold {limit} ({limits}), {room} left for the model and tools"
+    if room <= 0:
+        return "error", f"{detail}: every episode would end before the model writes a token. Raise rollout.max_episode_tokens and generator.max_model_len"
+    if room < recipe.rollout.max_new_tokens:
+        return "ok", f"{detail}: less than one turn of rollout.max_new_tokens={recipe.rollout.max_new_tokens}"
+    return "ok", detail
+
+
 def _sandbox(recipe: Recipe) -> tuple[str, str]:
     import shutil
 
@@ -99,6 +131,7 @@ def dry_run(recipe: Recipe, echo: Callable[[str], None] = print) -> bool:
         ("data", lambda: _data(recipe, recipe.data.split, recipe.data.limit)),
         ("eval data", lambda: _data(recipe, recipe.eval.split, recipe.eval.limit, recipe.eval.source, recipe.eval.fields) if recipe.eval.limit else ("ok", "no evaluation")),
         ("environment", lambda: _env(recipe)),
+        ("prompt", lambda: _prompt(recipe)),
         ("sandbox", lambda: _sandbox(recipe)),
         ("resources", lambda: _resources(recipe)),
     ]

@@ -16,6 +16,7 @@ the boundary of the component that called the library, keeping the original as `
     ├── AgentError                  an agent program raised, never returned or returned no reward:
     │                               its episode is an ``agent_failure``, kept out of the loss
     ├── RequestError                a malformed request to the agent gateway (answered with a 400)
+    ├── DegenerateRun               too many steps in a row could not teach the model anything
     ├── InfraError                  the infrastructure failed, not the model: episodes that hit it
     │   │                           are marked ``infra_failure`` and kept out of the loss
     │   ├── SandboxError            a sandbox backend cannot start or a worker died
@@ -77,6 +78,11 @@ class RequestError(AgentRLError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+
+class DegenerateRun(AgentRLError):
+    """A run stopped after ``learner.max_degenerate_steps`` degenerate steps in a row (every
+    prompt too long, nothing trained, no learning signal); the message says why."""
 
 
 class InfraError(AgentRLError):

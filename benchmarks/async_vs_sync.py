@@ -59,6 +59,7 @@ def run_once(mode: str, staleness: int, steps: int, model: Path, workdir: Path, 
     cmd = train_command(
         str(REPO / "recipes" / "tiny_calc.toml"), str(run_dir), str(model),
         f"mode={mode}", f"algo.max_staleness={staleness}", "sft.steps=0", "eval.limit=0", f"learner.max_steps={steps}",
+        "learner.max_degenerate_steps=0",  # an untrained model: no reward, every step degenerate; throughput is what is measured
         *extra,
     )
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600, check=False)

@@ -62,6 +62,8 @@ def batch_samples(batch: list[list[Trajectory]], settings: BatchSettings) -> tup
     samples = [sample for i, adv in zip(idx, advs) for sample in _samples_of(kept[i], adv)]
     flat = [t for g in batch for t in g]
     n = max(1, len(flat))
+    trained_ids = {s["id"].split("#")[0] for s in samples if any(s["loss_mask"])}
+    groups = [[t for t in g if t.trainable] for g in batch]
     stats = {
         "reward_mean": sum(t.reward for t in kept) / max(1, len(kept)),
         "samples": len(flat),
@@ -74,6 +76,12 @@ def batch_samples(batch: list[list[Trajectory]], settings: BatchSettings) -> tup
         "generated_tokens_mean": sum(t.num_generated for t in flat) / n,
         "max_token_version": max((t.newest_version or 0) for t in flat) if flat else 0,
         "zero_variance_groups_dropped": dropped_groups,
+        "samples_trained": len(trained_ids),
+        "trained_tokens_batch": sum(sum(s["loss_mask"]) for s in samples),
+        "zero_variance_groups": sum(1 for g in groups if g and len({t.reward for t in g}) == 1),
+        "groups": sum(1 for g in groups if g),
+        "overflow_before_generating": sum(1 for t in flat if t.status == "overflow" and t.num_generated == 0),
+        "overflow_prompt_tokens": max((len(t.tokens) for t in flat if t.status == "overflow" and t.num_generated == 0), default=0),
         "overlong_penalty_mean": float(penalty.mean()) if kept else 0.0,
         "advantage_abs_mean": sum(abs(x) for x in advs) / max(1, len(advs)),
     }

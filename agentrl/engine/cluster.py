@@ -13,7 +13,30 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["actor_died", "kill", "new_actor", "shutdown_all", "start_ray", "stop_ray"]
+__all__ = ["ACTOR_LOG_ENV", "actor_died", "kill", "new_actor", "redirect_actor_output", "shutdown_all", "start_ray", "stop_ray"]
+
+ACTOR_LOG_ENV = "AGENTRL_ACTOR_LOG"
+"""The environment variable that names an actor's log file (set per actor in its runtime env)."""
+
+
+def redirect_actor_output() -> None:
+    """Ray ``worker_process_setup_hook`` of every engine actor: send the process's stdout and
+    stderr (file descriptors 1 and 2, inherited by vLLM's engine processes) to the file named by
+    :data:`ACTOR_LOG_ENV`, appending. Run once when the actor's process starts; without the
+    variable it does nothing (the output stays with Ray)."""
+    import os
+    import sys
+
+    path = os.environ.get(ACTOR_LOG_ENV)
+    if not path:
+        return
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 def start_ray(init_kwargs: dict[str, Any]) -> bool:
@@ -23,6 +46,13 @@ def start_ray(init_kwargs: dict[str, Any]) -> bool:
 
     if ray.is_initialized():
         return False
+    if "address" not in init_kwargs:
+        # A local cluster for this user only: token authentication, as Ray now starts local
+        # clusters, chosen explicitly (Ray warns only when it has to choose itself). An explicit
+        # RAY_AUTH_MODE of the user's wins; joining a cluster follows that cluster's setting.
+        import os
+
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     ray.init(**init_kwargs)
     return True
 

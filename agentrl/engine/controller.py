@@ -158,9 +158,12 @@ class Controller:
         log.event(f"generators ready: {gen_info}", generators=gen_info)
         if learners is not None:
             log.event(f"learner ready: {learner_info}", learners=learner_info)
-        options = {"num_cpus": r.rollout.num_cpus, "runtime_env": {"env_vars": wiring.ACTOR_ENV_VARS}}
         kwargs = wiring.worker_kwargs(r, tokenizer=tokenizer, run_dir=self.run_dir.root)
-        fleet.workers = [new_actor(RolloutWorker, options, generators=fleet.generators, **kwargs) for _ in range(r.rollout.num_workers)]
+        fleet.workers = [
+            new_actor(RolloutWorker, {"num_cpus": r.rollout.num_cpus, "runtime_env": wiring.actor_runtime_env(self.run_dir.logs, f"rollout-{i}")},
+                      generators=fleet.generators, **kwargs)
+            for i in range(r.rollout.num_workers)
+        ]
         await timed(asyncio.gather(*[w.ping.remote() for w in fleet.workers]), 300, "rollout worker start-up")
 
     async def _rl(
@@ -204,10 +207,11 @@ class Controller:
         from agentrl.engine.placement import LearnerPlacement, learner_bundles
 
         lcfg = self.recipe.learner
-        env = {"runtime_env": {"env_vars": wiring.ACTOR_ENV_VARS}}
+        logs = self.run_dir.logs
         return LearnerGroup(
             num_ranks=lcfg.num_ranks,
-            factory=lambda rank, kwargs, options: new_actor(Learner, {**options, **env}, **kwargs),
+            factory=lambda rank, kwargs, options: new_actor(
+                Learner, {**options, "runtime_env": wiring.actor_runtime_env(logs, f"learner-{rank}")}, **kwargs),
             placement=lambda: LearnerPlacement(
                 learner_bundles(lcfg.num_ranks, lcfg.num_cpus, lcfg.num_gpus, lcfg.resources), lcfg.placement_timeout_s
             ),
@@ -219,7 +223,7 @@ class Controller:
         r = self.recipe
 
         def factory(settings: Any, version: int, index: int) -> Any:
-            spec = wiring.generator_actor(r, settings, version, index)
+            spec = wiring.generator_actor(r, settings, version, index, self.run_dir.logs)
             return new_actor(spec.cls, spec.options, *spec.args, **spec.kwargs)
 
         return GeneratorFleet(

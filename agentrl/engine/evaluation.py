@@ -7,7 +7,9 @@ Metrics (fractions in [0, 1] unless said otherwise):
 - ``tool_call_rate``: episodes that made at least one tool call;
 - ``turns_mean``: mean model turns per episode (a count);
 - ``infra_failures``: episodes lost to the infrastructure (excluded from the other metrics; a count);
-- ``agent_failures``: agent episodes whose agent program failed (excluded likewise; a count).
+- ``agent_failures``: agent episodes whose agent program failed (excluded likewise; a count);
+- ``overflow_before_generating``: episodes whose prompt alone exceeded the token limit (a count),
+  and ``overflow_prompt_tokens`` the longest such prompt.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import time
 from typing import Any
 
+from agentrl.engine.degenerate import diagnose_eval
 from agentrl.engine.trajectory import AGENT_FAILURE, Trajectory
 
 __all__ = ["Evaluator", "evaluate", "summarise"]
@@ -34,6 +37,8 @@ def summarise(trajs: list[Trajectory]) -> dict[str, float]:
         "episodes": float(len(ok)),
         "infra_failures": float(sum(not t.trainable and t.status != AGENT_FAILURE for t in trajs)),
         "agent_failures": float(sum(t.status == AGENT_FAILURE for t in trajs)),
+        "overflow_before_generating": float(sum(t.status == "overflow" and t.num_generated == 0 for t in trajs)),
+        "overflow_prompt_tokens": float(max((len(t.tokens) for t in trajs if t.status == "overflow" and t.num_generated == 0), default=0)),
     }
 
 
@@ -80,6 +85,9 @@ class Evaluator:
             f"{metrics['tool_call_rate']:.3f}  turns {metrics['turns_mean']:.2f}  "
             f"({int(metrics['episodes'])} episodes, {time.monotonic() - t0:.0f} s)"
         )
+        problem = diagnose_eval(metrics)
+        if problem:
+            self.log.warning(f"evaluation v{version} is degenerate: {problem}", degenerate=problem, version=version)
         with open(self.samples_path, "a") as f:
             f.writelines(json.dumps({"version": version, "reward": t.reward, "status": t.status, "text": t.info.get("text", "")}) + "\n" for t in trajs[:4])
         return rec

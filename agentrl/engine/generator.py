@@ -180,6 +180,7 @@ def engine_kwargs(s: EngineSettings, on_gpu: bool) -> dict[str, Any]:
     if s.max_lora_rank is not None:
         kwargs.update(enable_lora=True, max_lora_rank=s.max_lora_rank, max_loras=s.max_loras, max_cpu_loras=s.max_loras)
     kwargs["worker_extension_cls"] = WORKER_EXTENSION  # agentrl's worker methods (tied embeddings)
+    kwargs["use_tqdm_on_load"] = False  # no progress bar at every weight reload
     # the log-probs of the distribution tokens are sampled from (after temperature and
     # top-k/top-p), not of the raw logits: the behaviour policy of the importance weights
     kwargs["logprobs_mode"] = "processed_logprobs"

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agentrl.engine.batching import BatchSettings, batch_samples, staleness_histogram
+from agentrl.engine.degenerate import diagnose_step
 from agentrl.engine.fleet import GeneratorFleet
 from agentrl.engine.learner_group import LearnerGroup
 from agentrl.engine.ledger import Outcome, PromptLedger
@@ -32,7 +33,7 @@ from agentrl.engine.run_state import RunState
 from agentrl.engine.staleness import StalenessQueue
 from agentrl.engine.trajectory import Trajectory
 from agentrl.engine.waits import timed
-from agentrl.errors import AgentRLError, TimeoutError_
+from agentrl.errors import AgentRLError, DegenerateRun, TimeoutError_
 
 __all__ = ["LoopHook", "LoopSettings", "RLLoop"]
 
@@ -53,6 +54,10 @@ class LoopSettings:
     """Checkpoint after every this many steps (0: never)."""
     eval_every: int = 0
     """Evaluate after every this many steps (0: never)."""
+    max_degenerate_steps: int = 0
+    """Stop the run after this many degenerate steps in a row (:mod:`agentrl.engine.degenerate`; 0: never)."""
+    max_episode_tokens: int | None = None
+    """The episode token limit, named in the words of a degenerate step."""
 
 
 class LoopHook(Protocol):
@@ -105,6 +110,8 @@ class RLLoop:
         self.pending: dict[asyncio.Future, int] = {}
         """Groups in flight: future → ledger key."""
         self.learner_busy_s = 0.0
+        self.degenerate_in_a_row = 0
+        """Degenerate steps (:mod:`agentrl.engine.degenerate`) in a row, up to now."""
         """Seconds the learner spent training and publishing."""
         self._tickets = itertools.count()
         self._worker_turn = itertools.count()
@@ -242,6 +249,11 @@ class RLLoop:
         self.version = version = stats["version"]
         self.learner_busy_s += stats["learner_busy_s"]
         examples = stats.pop("_examples", [])
+        self.queue.mark_trained(stats["samples_trained"])
+        problem = diagnose_step(stats, max_episode_tokens=s.max_episode_tokens)
+        self.degenerate_in_a_row = self.degenerate_in_a_row + 1 if problem else 0
+        if problem:
+            self.log.warning(f"step {version} is degenerate: {problem}", degenerate=problem, step=version)
         with self.run_dir.samples.open("a") as f:  # a few decoded episodes, for reading
             for ex in examples:
                 f.write(json.dumps({"version": version, **ex}) + "\n")
@@ -259,7 +271,13 @@ class RLLoop:
             infra_failures=ledger.infra_failures,
             agent_failures=ledger.agent_failures,
             prompt_cursor=ledger.cursor,
+            degenerate=1.0 if problem else 0.0,
         )
+        if problem and s.max_degenerate_steps and self.degenerate_in_a_row >= s.max_degenerate_steps:
+            raise DegenerateRun(
+                f"stopped after {self.degenerate_in_a_row} degenerate steps in a row (learner.max_degenerate_steps="
+                f"{s.max_degenerate_steps}, 0 never stops): {problem}"
+            )
         if self.checkpoint is not None and s.checkpoint_every and version % s.checkpoint_every == 0 and version < s.max_steps:
             await self.checkpoint(self.snapshot())
         if self.evaluate is not None and s.eval_every and version % s.eval_every == 0 and version < s.max_steps:

@@ -78,6 +78,11 @@ class MetricsLogger:
         self.console.print(f"[dim]{message}[/]")
         return self.log("event", message=message, **fields)
 
+    def warning(self, message: str, **fields: Any) -> dict[str, Any]:
+        """Log and print, in yellow, something the user should act on (a degenerate step)."""
+        self.console.print(f"[bold yellow]warning:[/] {message}", highlight=False)
+        return self.log("event", message=message, warning=True, **fields)
+
     def close(self) -> None:
         """Stop the live panel; flush and close the TensorBoard writer."""
         if self.view is not None:

@@ -10,6 +10,7 @@
       eval_samples.jsonl      a few decoded evaluation episodes
       summary.json            the run's outcome
       audit/                  append-only logs of the learner and rollout workers (engine.audit)
+      logs/                   what each actor printed: generator-0.log (vLLM), learner-0.log, rollout-0.log
       weights/v000003/        published weight version 3 (a Hugging Face folder)
       checkpoints/step_000004/  resumable checkpoints (engine.run_state)
       sft/                    the model after the SFT stage
@@ -58,6 +59,12 @@ class RunDir:
     @property
     def trained(self) -> Path:
         return self.root / "trained.jsonl"
+
+    @property
+    def logs(self) -> Path:
+        """``RUN_DIR/logs``: one file per actor with everything it (and vLLM, Ray, transformers in
+        it) printed."""
+        return self.root / "logs"
 
     @property
     def samples(self) -> Path:

@@ -28,6 +28,10 @@ class QueueStats:
     started: int = 0
     finished: int = 0
     trained: int = 0
+    """Samples that reached the loss with at least one trained token (:meth:`StalenessQueue.mark_trained`)."""
+    taken: int = 0
+    """Samples taken for training in batches (trained or not: infrastructure failures, samples
+    with no generated token, groups filtered out)."""
     dropped_stale: int = 0
     dropped_infra: int = 0
     dropped_prompts: list[int] = field(default_factory=list)
@@ -64,6 +68,10 @@ class StalenessQueue:
     def mark_started(self, n: int | None = None) -> None:
         """Record that ``n`` samples (default: one group) started."""
         self.stats.started += self.group_size if n is None else n
+
+    def mark_trained(self, n: int) -> None:
+        """Record that ``n`` samples of a batch reached the loss with at least one trained token."""
+        self.stats.trained += n
 
     def mark_lost(self, n: int) -> None:
         """Give back admission for ``n`` samples that started but produced nothing (re-issued)."""
@@ -134,7 +142,7 @@ class StalenessQueue:
             batch.append(group)
             n += len(group)
         self._groups = deque(order)
-        self.stats.trained += n
+        self.stats.taken += n
         return sorted(
             (sorted(g, key=lambda t: t.sample_index) for g in batch),
             key=lambda g: g[0].prompt_index if g else -1,

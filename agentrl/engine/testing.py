@@ -334,7 +334,7 @@ class FakeRun:
         self, root: Path, *, rows: list[dict[str, Any]], batch_size: int = 4, group_size: int = 2, max_staleness: int = 1,
         max_steps: int = 3, num_generators: int = 1, num_workers: int = 1, checkpoint_every: int = 0, max_restarts: int = 0,
         worker: dict[str, Any] | None = None, learner: dict[str, Any] | None = None, hooks: list[Any] | None = None,
-        timeout_s: float = 30.0,
+        timeout_s: float = 30.0, max_degenerate_steps: int = 0,
     ) -> None:
         import io
 
@@ -382,7 +382,7 @@ class FakeRun:
         self.batch = BatchSettings(advantage="grpo")
         self.settings = LoopSettings(
             max_steps=max_steps, group_size=group_size, episode_timeout_s=timeout_s, stuck_timeout_s=3 * timeout_s,
-            checkpoint_every=checkpoint_every,
+            checkpoint_every=checkpoint_every, max_degenerate_steps=max_degenerate_steps,
         )
 
     async def start(self, version: int = 0) -> None:

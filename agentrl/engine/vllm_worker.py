@@ -11,13 +11,34 @@ reload gave the embedding a new one. Tokens would then be sampled from the old o
 projection on top of the new body. :meth:`WorkerExtension.agentrl_retie_output_embeddings`,
 called after every update while generation is still paused, points ``lm_head`` at the current
 embedding again and re-runs its post-load processing.
+
+Importing this module in a worker also drops one misleading vLLM warning,
+``RotaryEmbedding: Failed to load weights``, printed at every weight reload
+(:class:`RotaryCacheReloadFilter`). Nothing fails to load: a rotary embedding has no weights, only
+its ``cos_sin_cache`` buffer, computed from the model's config and never in a checkpoint. vLLM's
+layer-wise reload counts that buffer as loadable, finds nothing for it in the new weights, and puts
+the layer's own tensor back, which is the right value. Tests that compare vLLM's log-probs after an
+update with the learner's (``tests/engine/test_learner_vllm.py``) show that every weight is
+reloaded.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-__all__ = ["WORKER_EXTENSION", "RETIE_METHOD", "WorkerExtension"]
+__all__ = ["WORKER_EXTENSION", "RETIE_METHOD", "RotaryCacheReloadFilter", "WorkerExtension"]
+
+
+class RotaryCacheReloadFilter(logging.Filter):
+    """Drops vLLM's ``RotaryEmbedding: Failed to load weights`` record (see the module docstring);
+    every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.getMessage() == "RotaryEmbedding: Failed to load weights")
+
+
+logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(RotaryCacheReloadFilter())
 
 WORKER_EXTENSION = "agentrl.engine.vllm_worker.WorkerExtension"
 """The qualified name vLLM's ``worker_extension_cls`` takes (``--worker-extension-cls`` for a

@@ -20,6 +20,7 @@ from agentrl.engine.lora import LoraSettings, vllm_max_lora_rank
 __all__ = [
     "ACTOR_ENV_VARS",
     "ActorSpec",
+    "actor_runtime_env",
     "batch_settings",
     "engine_settings",
     "generator_actor",
@@ -37,12 +38,25 @@ ACTOR_ENV_VARS: dict[str, str] = {"VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_P
 progress bars."""
 
 
+def actor_runtime_env(log_dir: Path, name: str) -> dict[str, Any]:
+    """The Ray ``runtime_env`` of the engine actor ``name`` (``generator-0``, ``learner-1``,
+    ``rollout-0``): :data:`ACTOR_ENV_VARS`, and its output (vLLM's, Ray's, transformers')
+    appended to ``log_dir/<name>.log`` instead of the console
+    (:func:`agentrl.engine.cluster.redirect_actor_output`)."""
+    from agentrl.engine.cluster import ACTOR_LOG_ENV
+
+    return {
+        "env_vars": {**ACTOR_ENV_VARS, ACTOR_LOG_ENV: str(Path(log_dir).resolve() / f"{name}.log")},
+        "worker_process_setup_hook": "agentrl.engine.cluster.redirect_actor_output",
+    }
+
+
 def ray_init_kwargs(recipe: Recipe) -> dict[str, Any]:
     """``ray.init`` arguments: join ``ray.address`` when set, else start a local cluster with
     enough CPUs for every actor (``ray.num_cpus`` overrides)."""
     r = recipe
     if r.ray.address:
-        return {"address": r.ray.address, "logging_level": "warning", "log_to_driver": True}
+        return {"address": r.ray.address, "logging_level": "warning", "log_to_driver": False}
     need = (
         r.generator.num_generators * r.generator.num_cpus
         + r.rollout.num_workers * r.rollout.num_cpus
@@ -52,7 +66,7 @@ def ray_init_kwargs(recipe: Recipe) -> dict[str, Any]:
         "num_cpus": r.ray.num_cpus or max(2, int(need + 0.999)),
         "include_dashboard": False,
         "logging_level": "warning",
-        "log_to_driver": True,
+        "log_to_driver": False,  # actors write to RUN_DIR/logs (actor_runtime_env); errors come back as exceptions
     }
 
 
@@ -197,13 +211,14 @@ class ActorSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-def generator_actor(recipe: Recipe, settings: EngineSettings, version: int, index: int) -> ActorSpec:
+def generator_actor(recipe: Recipe, settings: EngineSettings, version: int, index: int, log_dir: Path) -> ActorSpec:
     """Generator number ``index`` serving ``settings.model`` as ``version``: a vLLM engine, or
     with ``generator.backend = "http"`` a client of ``generator.urls[index]`` that loads
     ``settings.model`` into the server when it is a local folder (an SFT stage, a resumed
-    checkpoint, a replacement mid-run); a hub id is taken to be what the server serves."""
+    checkpoint, a replacement mid-run); a hub id is taken to be what the server serves. Its
+    output goes to ``log_dir/generator-<index>.log``."""
     g = recipe.generator
-    runtime_env = {"env_vars": ACTOR_ENV_VARS}
+    runtime_env = actor_runtime_env(log_dir, f"generator-{index}")
     if g.backend == "http":
         from agentrl.engine.http_generator import HttpGenerator
 
@@ -233,6 +248,8 @@ def loop_settings(recipe: Recipe) -> LoopSettings:
         stuck_timeout_s=r.rollout.episode_timeout_s + r.learner.timeout_s + 2 * r.generator.timeout_s,
         checkpoint_every=r.checkpoint.every_steps,
         eval_every=r.eval.every_steps,
+        max_degenerate_steps=r.learner.max_degenerate_steps,
+        max_episode_tokens=min(r.rollout.max_episode_tokens, r.generator.max_model_len),
     )
 
 

@@ -1,7 +1,7 @@
 """Environments: the :class:`TextEnv` and :class:`ToolEnv` base classes, tools, tool-call
 parsers, rewards, built-in environments and :func:`make_env`.
 
-Importing this package registers the built-in environments with Gymnasium (once):
+``import agentrl`` registers the built-in environments with Gymnasium (:mod:`agentrl.registration`):
 
 - ``agentrl/Calc-v0`` -> :class:`agentrl.envs.calc.CalcEnv` (``a*b+c`` with a Python interpreter)
 - ``agentrl/MathTool-v0`` -> :class:`agentrl.envs.math_envs.MathToolEnv` (ReTool-style math)
@@ -34,6 +34,7 @@ from agentrl.envs.rewards import MathReward, MathVerifier, VerifierPool, shared_
 from agentrl.envs.tool_env import MalformedPolicy, ToolEnv
 from agentrl.envs.tools import FunctionTool, PythonSession, PythonTool, Tool, ToolContext, as_tool, function_tool
 from agentrl.errors import AgentRLError, ConfigError, EnvError
+from agentrl.registration import BUILTIN_ENVS, register_builtin_envs
 
 __all__ = [
     "TextEnv",
@@ -73,16 +74,7 @@ __all__ = [
     "BUILTIN_ENVS",
 ]
 
-BUILTIN_ENVS: dict[str, str] = {
-    "agentrl/Calc-v0": "agentrl.envs.calc:CalcEnv",
-    "agentrl/MathTool-v0": "agentrl.envs.math_envs:MathToolEnv",
-    "agentrl/Math-v0": "agentrl.envs.math_envs:MathEnv",
-}
-"""Environment ids registered on import, and their entry points."""
-
-for _env_id, _entry_point in BUILTIN_ENVS.items():
-    if _env_id not in gymnasium.registry:
-        gymnasium.register(id=_env_id, entry_point=_entry_point)
+register_builtin_envs()  # also done by ``import agentrl``; kept for code that imports this package by path
 
 
 def make_env(env_id: str, **kwargs: Any) -> gymnasium.Env:

@@ -40,6 +40,7 @@ def test_ctrl_c_leaves_no_orphan(tmp_path, tiny_calc_model):
         run_dir, tiny_calc_model,
         "sft.steps=0",
         "eval.limit=0",
+        "learner.max_degenerate_steps=0",  # the untrained model earns no reward on Calc: every step is degenerate, on purpose here
         "learner.max_steps=100",
         "learner.batch_size=8",
         "rollout.max_new_tokens=16",

@@ -27,6 +27,7 @@ def _cmd(run_dir, model):
         run_dir, model,
         "sft.steps=0",
         "eval.limit=0",
+        "learner.max_degenerate_steps=0",  # the untrained model earns no reward on Calc: every step is degenerate, on purpose here
         "learner.max_steps=5",
         "learner.batch_size=8",
         "rollout.max_new_tokens=16",

@@ -17,6 +17,7 @@ SMALL_RUN = (
     "data.limit=64",
     "sft.steps=0",
     "eval.limit=0",
+    "learner.max_degenerate_steps=0",  # the untrained model earns no reward on Calc: every step is degenerate, on purpose here
 )
 """Overrides of both runs here: 8 samples per step (groups of 4), short turns, no SFT, no evaluation."""
 

@@ -153,3 +153,20 @@ def test_learner_restarts_are_bounded(tmp_path):
     run = FakeRun(tmp_path, rows=ROWS, max_steps=6, checkpoint_every=2, max_restarts=1, hooks=kills)
     with pytest.raises(LearnerError, match=r"already restarted 1 time.*step_000004.*agentrl train"):
         asyncio.run(run.run())
+
+
+def test_degenerate_steps_are_said_in_words_and_stop_the_run(tmp_path):
+    from agentrl.errors import DegenerateRun
+
+    # every group of the fake worker shares its row's reward: no learning signal in any step
+    run = FakeRun(tmp_path, rows=[{"reward": 1.0}] * 40, max_steps=10, max_degenerate_steps=3)
+    with pytest.raises(DegenerateRun, match="3 degenerate steps in a row .*equal rewards"):
+        asyncio.run(run.run())
+    steps = [r for r in map(json.loads, run.run_dir.metrics.read_text().splitlines()) if r["kind"] == "step"]
+    assert [s["degenerate"] for s in steps] == [1.0, 1.0, 1.0]
+    assert "step 1 is degenerate: every one of the 2 groups had equal rewards" in run.console.getvalue()
+    # a step with a learning signal resets the count
+    mixed = [{"reward": 1.0}] * 4 + [{"reward": 0.0, "vary": True}] * 40
+    run = FakeRun(tmp_path / "b", rows=mixed, max_steps=3, max_degenerate_steps=5,
+                  worker={"reward": lambda row, i: float(i % 2) if row.get("vary") else row["reward"]})
+    assert asyncio.run(run.run()).version == 3

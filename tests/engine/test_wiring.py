@@ -54,10 +54,13 @@ def test_worker_kwargs_bound_episodes_by_the_model_length(tmp_path):
 
 def test_generator_actor_picks_the_backend(tmp_path):
     settings = wiring.engine_settings(recipe(), model=str(tmp_path), tokenizer=None)
-    vllm = wiring.generator_actor(recipe(generator={"num_cpus": 2}), settings, 3, 0)
+    vllm = wiring.generator_actor(recipe(generator={"num_cpus": 2}), settings, 3, 0, tmp_path / "logs")
     assert vllm.cls is VllmGenerator and vllm.options["num_cpus"] == 2 and vllm.kwargs["version"] == 3
+    env = vllm.options["runtime_env"]
+    assert env["env_vars"]["AGENTRL_ACTOR_LOG"] == str((tmp_path / "logs" / "generator-0.log").resolve())
+    assert env["worker_process_setup_hook"] == "agentrl.engine.cluster.redirect_actor_output"
     http = recipe(generator={"backend": "http", "urls": ["http://a:1", "http://b:2"]})
-    spec = wiring.generator_actor(http, settings, 0, 1)
+    spec = wiring.generator_actor(http, settings, 0, 1, tmp_path / "logs")
     assert spec.cls is HttpGenerator and spec.args == ("http://b:2",)
     assert spec.kwargs["load"] == str(Path(tmp_path).resolve())  # a local folder is loaded into the server
     assert wiring.generator_count(http) == 2

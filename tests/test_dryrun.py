@@ -1,0 +1,30 @@
+"""`agentrl check --dry-run`: the prompt check renders one prompt and measures it against the limits."""
+
+from __future__ import annotations
+
+from agentrl.config import validate_recipe
+from agentrl.dryrun import dry_run
+
+
+def lines_of(recipe: dict) -> tuple[bool, dict[str, str]]:
+    out: list[str] = []
+    ok = dry_run(validate_recipe(recipe), echo=out.append)
+    return ok, {line.split()[1]: line for line in out}
+
+
+def test_the_first_prompt_is_measured_against_the_episode_limit(tiny_calc_model):
+    base = {"model": {"path": str(tiny_calc_model)}, "sandbox": {"type": "unsafe-local"}, "eval": {"limit": 0}}
+    ok, lines = lines_of(base)
+    assert ok and lines["prompt"].split()[0] == "ok" and "the first prompt is" in lines["prompt"]
+    n = int(lines["prompt"].split("the first prompt is ")[1].split()[0])
+    ok, lines = lines_of({**base, "rollout": {"max_episode_tokens": n - 1}})
+    assert not ok and lines["prompt"].split()[0] == "error"
+    assert f"the first prompt is {n} tokens" in lines["prompt"] and "before the model writes a token" in lines["prompt"]
+
+
+def test_agents_and_models_still_to_be_built_are_not_rendered(tmp_path):
+    ok, lines = lines_of({"model": {"path": str(tmp_path / "nothing"), "build": "tiny"}, "sandbox": {"type": "unsafe-local"}})
+    assert "does not exist yet" in lines["prompt"]
+    ok, lines = lines_of({"model": {"path": str(tmp_path / "nothing"), "build": "tiny"}, "sandbox": {"type": "unsafe-local"},
+                          "env": {"agent": "agentrl.envs.calc_agent:calc_agent"}})
+    assert ok and "context_length_exceeded" in lines["prompt"]
