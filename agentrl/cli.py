@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None, *, hooks: Sequence[Any] = ()) -> int
             from agentrl.report import write_report
 
             out = write_report(args.run_dir)
-            print(f"report written to {out}/ (training.png, summary.md)")
+            print(f"report written to {out}/ (index.html: curves and trajectories; training.png, summary.md)")
             return 0
         if args.command == "export":
             from agentrl.engine.checkpoint import export_checkpoint

@@ -6,7 +6,10 @@ Reads ``RUN_DIR/metrics.jsonl`` and writes into ``RUN_DIR/report/``:
   held-out accuracy per evaluation (with tool-call rate), the staleness of trained samples
   (stacked: how many versions behind the learner), generation and training tokens/s;
 - ``summary.md``: the numbers behind it (evaluation before/after, steps, duration, throughput,
-  stale drops, infra failures).
+  stale drops, infra failures);
+- ``index.html``: one self-contained page with interactive curves, the evaluation table and a
+  trajectory browser whose tokens are coloured by the weight version that wrote them
+  (:mod:`agentrl.report_html`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.engine.metrics import read_metrics
+from agentrl.report_html import write_html_report
 from agentrl.errors import DataError
 
 __all__ = ["write_report"]
@@ -26,7 +30,8 @@ def _series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[
 
 
 def write_report(run_dir: str | Path) -> Path:
-    """Write ``report/training.png`` and ``report/summary.md`` for ``run_dir``; return the folder."""
+    """Write ``report/training.png``, ``report/summary.md`` and ``report/index.html`` for
+    ``run_dir``; return the folder."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -112,6 +117,7 @@ def write_report(run_dir: str | Path) -> Path:
             )
         if len(evals) > 1:
             lines += ["", f"Held-out accuracy gain: **{100 * (evals[-1]['accuracy'] - evals[0]['accuracy']):+.1f} points**."]
-    lines += ["", "![training](training.png)", ""]
+    lines += ["", "![training](training.png)", "", "Trajectories and interactive curves: [index.html](index.html).", ""]
     (out / "summary.md").write_text("\n".join(lines))
+    write_html_report(run_dir, records, out)
     return out

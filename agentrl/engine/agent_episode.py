@@ -29,6 +29,7 @@ import anyio
 
 from agentrl.agents import AgentFn, AgentResult, episode_sandbox
 from agentrl.engine.chat_segments import ChatRecorder, episode_trajectory
+from agentrl.engine.episode_text import version_spans
 from agentrl.engine.gateway import Gateway, GenerateFn, Session
 from agentrl.engine.trajectory import AGENT_FAILURE, Trajectory
 from agentrl.errors import AgentError, InfraError
@@ -133,4 +134,10 @@ async def play_agent_episode(
     trajectory.metrics["segments"] = float(len(trajectory.segments())) if trajectory.tokens else 0.0
     if sample_index == 0 or not trajectory.trainable:
         info["text"] = session.recorder.text()
+        info["spans"] = []
+        for k, (a, b) in enumerate(trajectory.segments() if trajectory.tokens else []):
+            if k:
+                info["spans"].append(["\n\n[new segment: the call did not continue the conversation]\n\n", -1])
+            t = trajectory
+            info["spans"] += version_spans(session.recorder.tokenizer, t.tokens[a:b], t.loss_mask[a:b], t.versions[a:b])
     return trajectory

@@ -89,5 +89,6 @@ class Evaluator:
         if problem:
             self.log.warning(f"evaluation v{version} is degenerate: {problem}", degenerate=problem, version=version)
         with open(self.samples_path, "a") as f:
-            f.writelines(json.dumps({"version": version, "reward": t.reward, "status": t.status, "text": t.info.get("text", "")}) + "\n" for t in trajs[:4])
+            f.writelines(json.dumps({"version": version, "group_id": t.group_id, "reward": t.reward, "status": t.status,
+                                     "text": t.info.get("text", ""), "spans": t.info.get("spans", [])}) + "\n" for t in trajs[:4])
         return rec

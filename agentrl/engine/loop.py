@@ -203,7 +203,7 @@ class RLLoop:
             with self.run_dir.samples.open("a") as f:
                 f.write(json.dumps({"version": self.version, "group_id": t.group_id, "sample": t.sample_index,
                                     "reward": t.reward, "status": t.status, "error": t.info.get("error", ""),
-                                    "text": t.info.get("text", "")}) + "\n")
+                                    "text": t.info.get("text", ""), "spans": t.info.get("spans", [])}) + "\n")
         outcome = self.ledger.finish(key, group, error)
         if outcome is Outcome.QUEUED:
             self.queue.put(group)
@@ -228,9 +228,9 @@ class RLLoop:
         learner_busy_s = self.clock() - t0  # training + publishing
         m = results[0]
         examples = [
-            {"group_id": t.group_id, "reward": t.reward, "status": t.status, "text": t.info.get("text", ""),
-             **({"error": t.info["error"]} if t.info.get("error") else {})}
-            for t in batch[0][:2]
+            {"group_id": t.group_id, "sample": t.sample_index, "reward": t.reward, "status": t.status, "text": t.info.get("text", ""),
+             "spans": t.info.get("spans", []), "turns": t.metrics.get("turns", 0), **({"error": t.info["error"]} if t.info.get("error") else {})}
+            for t in [g[0] for g in batch[:2] if g]  # the first episode of two groups: the ones decoded for reading
         ] if batch else []
         return {
             "_examples": examples,

@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 
 from agentrl.engine.audit import AuditLog
+from agentrl.engine.episode_text import version_spans
 from agentrl.engine.interfaces import Generation
 from agentrl.engine.render import IncrementalRenderer, TemplateMismatch
 from agentrl.engine.stops import with_stop_token_ids
@@ -130,8 +131,9 @@ async def play_episode(
         status, info["error"] = "infra_failure", f"{type(exc).__name__}: {exc}"
     except AgentRLError as exc:
         status, info["error"] = "infra_failure", f"{type(exc).__name__}: {exc}"
-    if sample_index == 0:  # one readable episode per group, for samples.jsonl
+    if sample_index == 0 or status == "infra_failure":  # one readable episode per group (and failures), for samples.jsonl
         info["text"] = tokenizer.decode(tokens, skip_special_tokens=False)
+        info["spans"] = version_spans(tokenizer, tokens, mask, vers)
     return Trajectory(
         tokens=tokens,
         loss_mask=mask,
