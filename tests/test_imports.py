@@ -105,3 +105,22 @@ def test_no_module_imports_another_modules_private_names():
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("agentrl"):
                 offenders += [f"{path.relative_to(PACKAGE.parent)}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
     assert offenders == []
+
+
+def test_import_agentrl_registers_the_builtin_envs_cheaply_in_a_fresh_interpreter():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, gymnasium as gym\n"
+        "env = gym.make('agentrl:agentrl/Calc-v0')\n"
+        "assert type(env.unwrapped).__name__ == 'CalcEnv'\n"
+        "import agentrl\n"
+        "assert gym.make('agentrl/Math-v0').unwrapped.__class__.__name__ == 'MathEnv'\n"
+        "print(sorted(m for m in ('torch', 'vllm', 'ray') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    light = subprocess.run([sys.executable, "-c", "import sys, agentrl; print(sorted(m for m in ('torch', 'vllm', 'ray', 'transformers') if m in sys.modules))"],
+                           capture_output=True, text=True, timeout=120)
+    assert light.stdout.strip() == "[]", light.stdout + light.stderr
