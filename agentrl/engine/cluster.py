@@ -42,17 +42,19 @@ def redirect_actor_output() -> None:
 def start_ray(init_kwargs: dict[str, Any]) -> bool:
     """Connect to (or start) Ray with ``init_kwargs`` unless this process already is; True when
     this call initialised it (the caller then shuts it down with :func:`stop_ray`)."""
+    import os
+    import sys
+
+    if "address" not in init_kwargs and "ray" not in sys.modules:
+        # A local cluster for this user only: token authentication, as Ray now starts local
+        # clusters, chosen explicitly (Ray warns only when it has to choose itself). Ray reads the
+        # mode when it is imported, so only before that; an explicit RAY_AUTH_MODE of the user's
+        # wins, and joining a cluster follows that cluster's setting.
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     import ray
 
     if ray.is_initialized():
         return False
-    if "address" not in init_kwargs:
-        # A local cluster for this user only: token authentication, as Ray now starts local
-        # clusters, chosen explicitly (Ray warns only when it has to choose itself). An explicit
-        # RAY_AUTH_MODE of the user's wins; joining a cluster follows that cluster's setting.
-        import os
-
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
     ray.init(**init_kwargs)
     return True
 

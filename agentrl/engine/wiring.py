@@ -19,6 +19,7 @@ from agentrl.engine.lora import LoraSettings, vllm_max_lora_rank
 
 __all__ = [
     "ACTOR_ENV_VARS",
+    "JOB_RUNTIME_ENV",
     "ActorSpec",
     "actor_runtime_env",
     "batch_settings",
@@ -38,17 +39,20 @@ ACTOR_ENV_VARS: dict[str, str] = {"VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_P
 progress bars."""
 
 
+JOB_RUNTIME_ENV: dict[str, Any] = {"worker_process_setup_hook": "agentrl.engine.cluster.redirect_actor_output"}
+"""The run's job-level Ray ``runtime_env``: every worker process runs
+:func:`agentrl.engine.cluster.redirect_actor_output` when it starts (Ray takes setup hooks at the
+job level only), which sends the output of actors given a log file to that file."""
+
+
 def actor_runtime_env(log_dir: Path, name: str) -> dict[str, Any]:
     """The Ray ``runtime_env`` of the engine actor ``name`` (``generator-0``, ``learner-1``,
     ``rollout-0``): :data:`ACTOR_ENV_VARS`, and its output (vLLM's, Ray's, transformers')
-    appended to ``log_dir/<name>.log`` instead of the console
-    (:func:`agentrl.engine.cluster.redirect_actor_output`)."""
+    appended to ``log_dir/<name>.log`` instead of the console (by the job's setup hook,
+    :data:`JOB_RUNTIME_ENV`)."""
     from agentrl.engine.cluster import ACTOR_LOG_ENV
 
-    return {
-        "env_vars": {**ACTOR_ENV_VARS, ACTOR_LOG_ENV: str(Path(log_dir).resolve() / f"{name}.log")},
-        "worker_process_setup_hook": "agentrl.engine.cluster.redirect_actor_output",
-    }
+    return {"env_vars": {**ACTOR_ENV_VARS, ACTOR_LOG_ENV: str(Path(log_dir).resolve() / f"{name}.log")}}
 
 
 def ray_init_kwargs(recipe: Recipe) -> dict[str, Any]:
@@ -56,7 +60,7 @@ def ray_init_kwargs(recipe: Recipe) -> dict[str, Any]:
     enough CPUs for every actor (``ray.num_cpus`` overrides)."""
     r = recipe
     if r.ray.address:
-        return {"address": r.ray.address, "logging_level": "warning", "log_to_driver": False}
+        return {"address": r.ray.address, "logging_level": "warning", "log_to_driver": False, "runtime_env": JOB_RUNTIME_ENV}
     need = (
         r.generator.num_generators * r.generator.num_cpus
         + r.rollout.num_workers * r.rollout.num_cpus
@@ -67,6 +71,7 @@ def ray_init_kwargs(recipe: Recipe) -> dict[str, Any]:
         "include_dashboard": False,
         "logging_level": "warning",
         "log_to_driver": False,  # actors write to RUN_DIR/logs (actor_runtime_env); errors come back as exceptions
+        "runtime_env": JOB_RUNTIME_ENV,
     }
 
 
