@@ -50,7 +50,8 @@ def _split_pieces(pieces: list[list[Any]], cuts: list[int]) -> list[list[Any]]:
 
 def episode_turns(spans: list[list[Any]]) -> list[dict[str, Any]]:
     """An episode's ``spans`` ([text, version], see :mod:`agentrl.engine.episode_text`) as turns
-    ``{"role", "pieces": [[text, version, in_call], ...]}``; ``in_call`` is 1 inside a tool call."""
+    ``{"role", "pieces": [[text, version, in_call], ...]}``; ``in_call`` is 1 inside a tool call
+    the assistant wrote (``<tool_call>`` or ``<code>``)."""
     full = "".join(t for t, _ in spans)
     marks = list(_TURN.finditer(full))
     if not marks:
@@ -71,7 +72,7 @@ def episode_turns(spans: list[list[Any]]) -> list[dict[str, Any]]:
             index += 1
         if not turns or turns[-1]["_i"] != index:
             turns.append({"_i": index, "role": bounds[index][2], "pieces": []})
-        in_call = int(any(a <= pos < b for a, b in calls))
+        in_call = int(bounds[index][2] == "assistant" and any(a <= pos < b for a, b in calls))
         turns[-1]["pieces"].append([text, version, in_call])
         pos += len(text)
     for t in turns:
@@ -123,8 +124,8 @@ def _figures(steps: list[dict[str, Any]], evals: list[dict[str, Any]]) -> list[d
         pts = [(xx, r[key]) for xx, r in zip(xs or [r.get("step") for r in records], records) if isinstance(r.get(key), (int, float))]
         return go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], name=name, mode="lines+markers", **kw)
 
-    layout = {"margin": {"l": 50, "r": 40, "t": 40, "b": 40}, "height": 320,
-              "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0}}
+    layout = {"margin": {"l": 50, "r": 40, "t": 40, "b": 80}, "height": 340,
+              "legend": {"orientation": "h", "yanchor": "top", "y": -0.22, "xanchor": "left", "x": 0.0}}
     figs = [
         go.Figure([line("reward_mean", "training reward"), line("accuracy", "held-out accuracy", evals, [e.get("version") for e in evals]),
                    line("tool_call_rate", "held-out tool-call rate", evals, [e.get("version") for e in evals], line={"dash": "dot"})],
@@ -229,7 +230,7 @@ DATA.figures.forEach((fig, i) => {
   const div = document.createElement("div");
   div.id = "fig" + i;
   document.getElementById("figures").appendChild(div);
-  Plotly.newPlot(div, fig.data, fig.layout, {displaylogo: false, responsive: true});
+  Plotly.newPlot(div, fig.data, fig.layout, {displaylogo: false, displayModeBar: "hover", responsive: true});
 });
 const versions = [...new Set(DATA.episodes.flatMap(e => e.turns.flatMap(t => t.pieces.map(p => p[1]))))].filter(v => v >= 0).sort((a, b) => a - b);
 const maxV = Math.max(1, ...versions);
