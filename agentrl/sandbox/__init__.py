@@ -85,11 +85,21 @@ Covered:
   ``test_docker.py``): uid/gid 65534 (host uid 65534), no capabilities, ``no_new_privs``, a session
   of its own (no terminal injection).
 
+* **The kernel's most attacked interfaces** (bwrap, per-execution and warm mode and sessions;
+  ``tests/sandbox/test_seccomp.py``): the user's code runs under a seccomp filter built with
+  libseccomp (:mod:`agentrl.sandbox._seccomp`), installed after the sandbox's own setup. It
+  refuses nested user namespaces and every other new namespace (``unshare``, ``clone`` with
+  namespace flags, ``setns``), io_uring, ``bpf``, ``userfaultfd``, ``perf_event_open``, keyrings,
+  ``kexec``, module loading, ``ptrace``, ``mount`` and the new mount API, address-space
+  ``personality`` flags, everything Docker's default profile refuses, and system calls of foreign
+  architectures.
+
 Not covered:
 
-* **Kernel exploits.** The code shares the host kernel and its system-call surface (no seccomp
-  filter of ours; Docker applies its default one); a kernel bug (in user namespaces, say) can give
-  it the host. Use a VM (gVisor, Firecracker) where that matters.
+* **Kernel exploits through what remains.** The code still shares the host kernel, through the
+  system calls the filter allows; a bug there can give it the host. Docker runs with Docker's
+  default profile, which still allows io_uring (a profile of agentrl's is not written yet). Use a
+  VM (gVisor, Firecracker) where that matters.
 * **Side channels** (timing, caches, Spectre-class speculation) and covert channels between
   concurrent executions or with the host (CPU load, memory pressure, the page cache).
 * **Resource fairness beyond the limits.** bwrap has no cgroups: memory is limited per process (a
@@ -132,6 +142,7 @@ from agentrl.sandbox.base import (
     SessionSandbox,
     supports_sessions,
 )
+from agentrl.sandbox._seccomp import describe as describe_seccomp
 from agentrl.sandbox.bubblewrap import BubblewrapSandbox, BubblewrapSession
 from agentrl.sandbox.local import UnsafeLocalSandbox, UnsafeLocalSession
 
@@ -147,6 +158,7 @@ __all__ = [
     "UnsafeLocalSandbox",
     "UnsafeLocalSession",
     "create_sandbox",
+    "describe_seccomp",
     "supports_sessions",
 ]
 

@@ -228,6 +228,29 @@ def apply_limits(req, session_hard_as=None):
         R.setrlimit(res, (soft, hard))
 
 
+SECCOMP_PROGRAM = None
+"""The system-call filter (a BPF program from :mod:`agentrl.sandbox._seccomp`, built on the host)
+that :func:`install_seccomp` loads before user code runs; None: none (set by ``server_main``)."""
+
+
+def install_seccomp(program):
+    """Load the BPF ``program`` as this process's seccomp filter, after ``PR_SET_NO_NEW_PRIVS``.
+    Inherited by every process the code starts and never removable. Raises OSError if the kernel
+    refuses it (the execution then fails as a sandbox error, it does not run unfiltered)."""
+    import ctypes
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(bytes(program), len(program))
+    prog = SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+
+
 def vm_size():
     """This process's address-space size in bytes (VmSize)."""
     try:
@@ -258,9 +281,11 @@ def oneshot_prelude():
     Not a mode of this program: for a fast start the host runs only this function and the few
     it needs (:data:`ONESHOT_NAMES`, cut out of this file) as ``python -I -S -c <them>
     <marker_fd> <uid> <cpu_s> <memory_bytes> <fsize> <nofile> <nproc> [<sys.path entries,
-    colon-separated>]``, with the code on stdin (a uid of -1: keep the identity).
+    colon-separated> [<seccomp filter, hex>]]``, with the code on stdin (a uid of -1: keep the
+    identity).
 
-    Order matters: drop privileges, apply the limits (:func:`apply_limits`), *then* write the
+    Order matters: drop privileges, apply the limits (:func:`apply_limits`) and the system-call
+    filter (:func:`install_seccomp`), *then* write the
     marker byte (proof that setup finished and the user's code is about to run, so anything after
     it is the code's doing), close every inherited descriptor, read the code from stdin, save a
     copy as ``./main.py`` (for source lines in tracebacks), clear this bootstrap's names from
@@ -272,6 +297,8 @@ def oneshot_prelude():
     apply_limits({"cpu_s": cpu, "memory_bytes": mem, "fsize": fsize, "nofile": nofile, "nproc": nproc})
     if len(sys.argv) > 8 and sys.argv[8]:
         sys.path.extend(sys.argv[8].split(":"))
+    if len(sys.argv) > 9 and sys.argv[9]:
+        install_seccomp(bytes.fromhex(sys.argv[9]))
     os.write(fd, b"1")
     for name in os.listdir("/proc/self/fd"):
         if int(name) > 2:
@@ -312,7 +339,7 @@ def oneshot_prelude():
 
 #: What :func:`oneshot_prelude` needs of this file (the host cuts these out and runs them alone).
 ONESHOT_NAMES = (
-    "CODE_FILENAME", "vm_size", "apply_limits", "drop_privileges", "_exit_builtin", "oneshot_prelude",
+    "CODE_FILENAME", "vm_size", "apply_limits", "drop_privileges", "install_seccomp", "_exit_builtin", "oneshot_prelude",
 )
 
 
@@ -483,6 +510,8 @@ def run_one(chan, env, kill_strategy):
     except EOFError:
         os._exit(0)
     apply_limits(req)
+    if SECCOMP_PROGRAM is not None:
+        install_seccomp(SECCOMP_PROGRAM)
     point_std_fds(fds[0], fds[1])
     close_fds_above(2, keep=(fd,))
     install_std_streams()
@@ -595,6 +624,8 @@ def session_loop(chan, env, kill_strategy):
         if hard_as is None:
             hard_as = vm_size() + int(req.get("session_memory_bytes") or req["memory_bytes"])
         apply_limits(req, session_hard_as=hard_as)
+        if n == 1 and SECCOMP_PROGRAM is not None:  # once: filters stack, and this one is for good
+            install_seccomp(SECCOMP_PROGRAM)
         flush_std()
         point_std_fds(fds[0], fds[1])
         sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
@@ -818,6 +849,11 @@ class Init:
 def server_main(cfg):
     import gc
     import selectors
+
+    global SECCOMP_PROGRAM
+    SECCOMP_PROGRAM = bytes.fromhex(cfg["seccomp"]) if cfg.get("seccomp") else None  # trees fork from here
+    if SECCOMP_PROGRAM is not None:
+        import ctypes  # noqa: F401  (imported once here: every forked tree has it)
 
     ctl = socket.socket(fileno=int(cfg["control_fd"]))
     sysc = Sys()

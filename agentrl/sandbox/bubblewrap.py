@@ -192,6 +192,8 @@ class BubblewrapSandbox(SandboxBase):
             ``sys.path`` (both modes). ``None``: the running interpreter's site-packages when
             ``python`` is not given, else none. Everything in them is readable by the code.
         startup_timeout_s: longest wait for a warm worker to be ready (imports included).
+        seccomp: run the code under the system-call filter of :mod:`agentrl.sandbox._seccomp`
+            (True, the default; False only to measure what the filter costs).
 
     Raises:
         SandboxUnavailable: ``bwrap`` is not installed (the message says how to install it), or,
@@ -220,6 +222,7 @@ class BubblewrapSandbox(SandboxBase):
         warmup: str | None = None,
         site_packages: Sequence[str] | None = None,
         startup_timeout_s: float = 120.0,
+        seccomp: bool = True,
     ) -> None:
         self._init_settings(
             max_concurrency=max_concurrency, timeout_s=timeout_s, memory_mb=memory_mb,
@@ -255,6 +258,11 @@ class BubblewrapSandbox(SandboxBase):
             if self._privileged and not self.warm else []
         )
         self._static_args = self._build_static_args(bwrap, prefixes)
+        from agentrl.sandbox._seccomp import program
+
+        self.seccomp = bool(seccomp)
+        """Whether the user's code runs under the system-call filter (:mod:`agentrl.sandbox._seccomp`)."""
+        self._seccomp_program = program() if self.seccomp else None
         self._idle: list[_Worker] = []
         self._launching: list[_Worker] = []
         self._workers: set[_Worker] = set()
@@ -371,7 +379,7 @@ class BubblewrapSandbox(SandboxBase):
                 "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
             ]
             drop_to = SANDBOX_UID
-        python = oneshot_argv(self._python, marker_fd, limits, drop_to, sys_path=self._site_inside)
+        python = oneshot_argv(self._python, marker_fd, limits, drop_to, sys_path=self._site_inside, seccomp=self._seccomp_program)
         return [*head, *self._static_args, *self._site_args(), "--", *python]
 
     # -- warm mode ---------------------------------------------------------------------------
@@ -507,6 +515,7 @@ class BubblewrapSandbox(SandboxBase):
             "uid": SANDBOX_UID,
             "tmpfs_bytes": TMPFS_BYTES,
             "prefork": PREFORK if preload else 1,
+            "seccomp": self._seccomp_program.hex() if self._seccomp_program else "",
         }
         python = guest_argv(self._python, "server", config)
         return [*head, *self._static_args, *self._site_args(), "--", *python]

@@ -1,0 +1,128 @@
+"""The system-call filter of the bubblewrap sandbox, built with libseccomp (PyPI's ``pyseccomp``).
+
+The filter closes the kernel interfaces behind most recent local privilege escalations. The
+guest runtime (:mod:`agentrl.sandbox._guest`) installs it in the process that runs the user's
+code, after the sandbox's own setup, which needs some of these calls (``unshare``, ``mount``,
+``setns`` to build and reset warm trees). Every process the code starts inherits it, and it
+cannot be removed.
+
+What it denies (``EPERM``, except ``clone3``: ``ENOSYS``, so that the C library falls back to
+``clone``, whose flags the filter can inspect):
+
+- everything Docker's default profile denies to an unprivileged container: module loading,
+  ``kexec``, ``reboot``, clocks, ``swapon``, ``acct``, ``quotactl``, ``mount``/``umount``,
+  ``pivot_root``, ``unshare``, ``setns``, ``ptrace``, ``process_vm_*``, ``kcmp``, ``bpf``,
+  ``perf_event_open``, ``userfaultfd``, keyrings, NUMA policy calls, ``name_to_handle_at`` /
+  ``open_by_handle_at``, ``lookup_dcookie``, ``ioperm``/``iopl``, ``sysfs``, ``ustat``,
+  ``uselib``, ``vm86``, obsolete calls;
+- the io_uring interface (``io_uring_setup``/``enter``/``register``) and the new mount API
+  (``fsopen``, ``fsconfig``, ``fsmount``, ``fspick``, ``move_mount``, ``open_tree``,
+  ``mount_setattr``);
+- ``clone`` with any namespace flag (``CLONE_NEWUSER``, ``CLONE_NEWNS``, ``CLONE_NEWPID``,
+  ``CLONE_NEWNET``, ``CLONE_NEWUTS``, ``CLONE_NEWIPC``, ``CLONE_NEWCGROUP``, ``CLONE_NEWTIME``):
+  no nested user namespaces, no new namespaces of any kind;
+- ``personality`` with a flag that changes the address space (no ASLR, page zero, executable
+  reads...), as Docker's profile refuses them;
+- system calls of any architecture but the native one (the process is killed).
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import tempfile
+
+from agentrl.errors import SandboxUnavailable
+
+__all__ = ["DENIED", "NAMESPACE_FLAGS", "program", "describe"]
+
+DENIED: tuple[str, ...] = (
+    # Docker's default profile: denied to containers without extra capabilities
+    "acct", "add_key", "bpf", "clock_adjtime", "clock_settime", "create_module", "delete_module", "finit_module",
+    "get_kernel_syms", "get_mempolicy", "init_module", "ioperm", "iopl", "kcmp", "kexec_file_load", "kexec_load",
+    "keyctl", "lookup_dcookie", "mbind", "mount", "move_pages", "name_to_handle_at", "nfsservctl",
+    "open_by_handle_at", "perf_event_open", "pivot_root", "process_vm_readv", "process_vm_writev", "ptrace",
+    "query_module", "quotactl", "reboot", "request_key", "set_mempolicy", "setns", "settimeofday", "stime",
+    "swapon", "swapoff", "sysfs", "_sysctl", "umount", "umount2", "unshare", "uselib", "userfaultfd", "ustat",
+    "vm86", "vm86old", "syslog", "vhangup", "afs_syscall", "tuxcall", "security", "lookup_dcookie",
+    # beyond Docker's default: io_uring and the new mount API
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "fsopen", "fsconfig", "fsmount", "fspick", "move_mount", "open_tree", "mount_setattr",
+    "quotactl_fd", "process_madvise", "pidfd_getfd",
+)
+"""System calls the filter refuses with EPERM (names unknown to this kernel's libseccomp are skipped)."""
+
+NAMESPACE_FLAGS = (
+    0x00000080  # CLONE_NEWTIME
+    | 0x00020000  # CLONE_NEWNS
+    | 0x02000000  # CLONE_NEWCGROUP
+    | 0x04000000  # CLONE_NEWUTS
+    | 0x08000000  # CLONE_NEWIPC
+    | 0x10000000  # CLONE_NEWUSER
+    | 0x20000000  # CLONE_NEWPID
+    | 0x40000000  # CLONE_NEWNET
+)
+"""``clone`` flags that create a namespace: a ``clone`` with any of them is refused."""
+
+
+def _seccomp():  # type: ignore[no-untyped-def]
+    try:
+        import pyseccomp
+    except (ImportError, OSError) as exc:  # the package, or libseccomp.so.2 behind it
+        raise SandboxUnavailable(
+            f"the sandbox's system-call filter needs libseccomp and the pyseccomp package ({exc}): "
+            "apt-get install libseccomp2; pip install pyseccomp"
+        ) from None
+    return pyseccomp
+
+
+_PERSONA_FLAGS = (
+    0x0040000,  # ADDR_NO_RANDOMIZE: no ASLR
+    0x0080000,  # FDPIC_FUNCPTRS
+    0x0100000,  # MMAP_PAGE_ZERO: map page 0 (NULL-dereference exploits)
+    0x0200000,  # ADDR_COMPAT_LAYOUT
+    0x0400000,  # READ_IMPLIES_EXEC
+    0x0800000,  # ADDR_LIMIT_32BIT
+    0x1000000,  # SHORT_INODE
+    0x2000000,  # WHOLE_SECONDS
+    0x4000000,  # STICKY_TIMEOUTS
+    0x8000000,  # ADDR_LIMIT_3GB
+)
+"""``personality`` flags that change the address space or its protections: setting any is refused
+(the query ``personality(0xffffffff)`` and plain personas stay allowed, as in Docker's profile)."""
+
+
+@functools.cache
+def program() -> bytes:
+    """The filter as a classic BPF program (what ``prctl(PR_SET_SECCOMP)`` loads), built once per
+    process by libseccomp for the native architecture only: a system call made through another
+    architecture's entry (32-bit ``int 0x80`` on x86-64, x32) kills the process (libseccomp's
+    default for a foreign architecture)."""
+    sc = _seccomp()
+    f = sc.SyscallFilter(sc.ALLOW)
+    deny = sc.ERRNO(errno.EPERM)
+    for name in dict.fromkeys(DENIED):
+        try:
+            f.add_rule(deny, name)
+        except (RuntimeError, ValueError, OSError):  # not a system call of this architecture
+            continue
+    # one comparison per rule (libseccomp's limit): rules for the same call are alternatives
+    for bit in range(32):
+        if NAMESPACE_FLAGS >> bit & 1:
+            f.add_rule(deny, "clone", sc.Arg(0, sc.MASKED_EQ, 1 << bit, 1 << bit))
+    f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")  # flags behind a pointer: make the C library use clone
+    for flag in _PERSONA_FLAGS:  # the flag set, and bit 31 clear (bit 31 set: the query 0xffffffff)
+        f.add_rule(deny, "personality", sc.Arg(0, sc.MASKED_EQ, flag | 0x80000000, flag))
+    with tempfile.TemporaryFile() as out:
+        f.export_bpf(out)
+        out.seek(0)
+        return out.read()
+
+
+def describe() -> str:
+    """One line for ``agentrl check --dry-run``: whether the filter can be built here, and its size."""
+    try:
+        n = len(program()) // 8
+    except SandboxUnavailable as exc:
+        return f"seccomp: unavailable ({exc})"
+    return f"seccomp: {n}-instruction filter (libseccomp), namespaces, io_uring, bpf, ptrace, mount API and {len(set(DENIED))} calls denied"
