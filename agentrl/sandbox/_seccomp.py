@@ -1,4 +1,5 @@
-"""The system-call filter of the bubblewrap sandbox, built with libseccomp (PyPI's ``pyseccomp``).
+"""The sandbox's system-call filter: built with libseccomp (PyPI's ``pyseccomp``) for bubblewrap,
+and as a Docker seccomp profile (:func:`docker_profile`) for the Docker backend.
 
 The filter closes the kernel interfaces behind most recent local privilege escalations. The
 guest runtime (:mod:`agentrl.sandbox._guest`) installs it in the process that runs the user's
@@ -34,7 +35,7 @@ import tempfile
 
 from agentrl.errors import SandboxUnavailable
 
-__all__ = ["DENIED", "NAMESPACE_FLAGS", "program", "describe"]
+__all__ = ["DENIED", "NAMESPACE_FLAGS", "docker_profile", "program", "describe"]
 
 DENIED: tuple[str, ...] = (
     # Docker's default profile: denied to containers without extra capabilities
@@ -117,6 +118,38 @@ def program() -> bytes:
         f.export_bpf(out)
         out.seek(0)
         return out.read()
+
+
+_DOCKER_ARCH = {"x86_64": "SCMP_ARCH_X86_64", "aarch64": "SCMP_ARCH_AARCH64", "arm64": "SCMP_ARCH_AARCH64",
+                "ppc64le": "SCMP_ARCH_PPC64LE", "s390x": "SCMP_ARCH_S390X", "riscv64": "SCMP_ARCH_RISCV64"}
+
+
+@functools.cache
+def docker_profile() -> str:
+    """The same filter as a Docker seccomp profile (JSON, for ``--security-opt seccomp=...``):
+    everything :func:`program` refuses, for the native architecture only (a system call of
+    another architecture is refused as Docker refuses unlisted architectures). The container's
+    own machinery (the runner, the reaper) needs none of these calls."""
+    import json
+    import platform
+
+    def masked(flag: int) -> dict[str, object]:
+        return {"index": 0, "value": flag, "valueTwo": flag, "op": "SCMP_CMP_MASKED_EQ"}
+
+    syscalls: list[dict[str, object]] = [{"names": sorted(set(DENIED)), "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM}]
+    syscalls += [
+        {"names": ["clone"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM, "args": [masked(1 << bit)]}
+        for bit in range(32) if NAMESPACE_FLAGS >> bit & 1
+    ]
+    syscalls.append({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS})
+    syscalls += [
+        {"names": ["personality"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM,
+         "args": [{"index": 0, "value": flag | 0x80000000, "valueTwo": flag, "op": "SCMP_CMP_MASKED_EQ"}]}
+        for flag in _PERSONA_FLAGS
+    ]
+    arch = _DOCKER_ARCH.get(platform.machine())
+    profile = {"defaultAction": "SCMP_ACT_ALLOW", "architectures": [arch] if arch else [], "syscalls": syscalls}
+    return json.dumps(profile, separators=(",", ":"))
 
 
 def describe() -> str:

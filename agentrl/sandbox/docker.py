@@ -9,6 +9,9 @@ the interpreter's prefix and the site-packages directories bound read-only, and 
 * a read-only root filesystem, a size-capped tmpfs ``/tmp``;
 * a memory limit (cgroup, no swap), a CPU quota and a PID limit;
 * ``cap_drop=ALL`` plus only ``CAP_SETUID``, ``CAP_SETGID`` and ``CAP_KILL``, ``no-new-privileges``;
+* agentrl's seccomp profile (:func:`agentrl.sandbox._seccomp.docker_profile`): what Docker's default
+  profile refuses to such a container, plus io_uring, namespaces of any kind, the new mount API,
+  ``userfaultfd``, ``perf_event_open``, keyrings and foreign architectures;
 * everything long-lived in it runs as uid/gid 65534 without capabilities: PID 1 is a small reaper
   that drops to 65534 at once (the container is configured as uid 0 only because Docker gives an
   ``exec -u 0`` no effective capabilities in a container configured as non-root).
@@ -50,6 +53,7 @@ import anyio.to_thread
 from agentrl.errors import ConfigError, SandboxError, SandboxUnavailable
 from agentrl.sandbox._backend import SandboxBase, SessionBase
 from agentrl.sandbox._launch import guest_argv
+from agentrl.sandbox._seccomp import docker_profile
 from agentrl.sandbox._layout import (
     SANDBOX_ENV,
     SANDBOX_UID,
@@ -385,7 +389,7 @@ class DockerSandbox(SandboxBase):
                 pids_limit=self.max_processes + _PID_HEADROOM,
                 cap_drop=["ALL"],
                 cap_add=["SETUID", "SETGID", "KILL"],
-                security_opt=["no-new-privileges"],
+                security_opt=["no-new-privileges", f"seccomp={docker_profile()}"],  # Docker's default + ours
                 hostname="sandbox",
                 environment={"PATH": SANDBOX_ENV["PATH"]},
                 volumes=self._binds,
