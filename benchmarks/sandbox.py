@@ -68,14 +68,22 @@ EXPECTED = {"trivial": "1\n", "sympy": "[2, 3]\n"}
 WORKLOADS = {"trivial": TRIVIAL, "sympy": SYMPY}
 BACKENDS = ["subprocess", "bubblewrap-exec", "bubblewrap-warm", "docker-exec"]
 """Backends in the throughput tables; ``subprocess`` is the baseline."""
-LATENCY_BACKENDS = [*BACKENDS, "docker-run"]
-"""Backends in the latency tables (``docker-run``, a second baseline, is too slow for throughput)."""
+LATENCY_BACKENDS = [*BACKENDS, "docker-run", "bubblewrap-exec-noseccomp", "bubblewrap-warm-noseccomp"]
+"""Backends in the latency tables (``docker-run``, a second baseline, is too slow for throughput;
+the ``-noseccomp`` ones, the same bubblewrap modes without the system-call filter, are the A/B
+of what the filter costs: ask for them with ``--backends``)."""
+DEFAULT_BACKENDS = [*BACKENDS, "docker-run"]
+"""What a run measures unless ``--backends`` says otherwise."""
+THROUGHPUT_BACKENDS = [k for k in LATENCY_BACKENDS if k != "docker-run"]
+"""Backends in the throughput tables."""
 LABELS = {
     "subprocess": "`python -I -S -c` subprocess (baseline)",
     "bubblewrap-exec": "bubblewrap, one container per execution",
     "bubblewrap-warm": "bubblewrap, warm fork server",
     "docker-exec": "docker exec, pooled containers",
     "docker-run": "`docker run` per execution (baseline 2)",
+    "bubblewrap-exec-noseccomp": "bubblewrap, one container per execution, no seccomp filter",
+    "bubblewrap-warm-noseccomp": "bubblewrap, warm fork server, no seccomp filter",
 }
 
 
@@ -137,11 +145,13 @@ class DockerRun:
 async def make(kind: str, pool: int) -> Any:
     if kind == "subprocess":
         return Subprocess(pool)
+    seccomp = not kind.endswith("-noseccomp")
+    kind = kind.removesuffix("-noseccomp")
     if kind == "bubblewrap-exec":
-        return BubblewrapSandbox(warm=False, max_concurrency=pool, timeout_s=60)
+        return BubblewrapSandbox(warm=False, max_concurrency=pool, timeout_s=60, seccomp=seccomp)
     sb: Any
     if kind == "bubblewrap-warm":
-        sb = BubblewrapSandbox(warm=True, max_concurrency=pool, timeout_s=60)
+        sb = BubblewrapSandbox(warm=True, max_concurrency=pool, timeout_s=60, seccomp=seccomp)
         await sb.start()  # every measured execution is served warm
         return sb
     if kind == "docker-exec":
@@ -384,7 +394,7 @@ def report(args: argparse.Namespace, lat: dict[tuple[str, str, float], Latency],
         lines.append("")
     if thr:
         concs = sorted({c for _, c in thr})
-        kinds = [k for k in BACKENDS if any((k, c) in thr for c in concs)]
+        kinds = [k for k in THROUGHPUT_BACKENDS if any((k, c) in thr for c in concs)]
 
         def rate(kind: str, v: Load, c: int) -> str:
             b = thr.get(("subprocess", c))
@@ -480,7 +490,7 @@ async def main(args: argparse.Namespace) -> None:
                 f"{spacing(g)}: median {fmt_ms(v.median)} ms p90 {fmt_ms(v.q(0.9))} ms ({len(v.samples)} samples)"
                 for g, v in by_gap.items()) + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
     for c in args.concurrency:
-        for kind in [k for k in BACKENDS if k in args.backends]:
+        for kind in [k for k in THROUGHPUT_BACKENDS if k in args.backends]:
             t0 = time.perf_counter()
             value = await measure_throughput(kind, c, throughput_runs(args.total, c), args.pool_cap)
             thr[(kind, c)] = value
@@ -491,7 +501,8 @@ async def main(args: argparse.Namespace) -> None:
     if leaks:
         print(f"leak check: {leaks}", flush=True)
     text = report(args, lat, thr, leaks, started, load_start)
-    emit(text, "sandbox", args.write, section="sandbox")
+    key = "sandbox" if args.backends == DEFAULT_BACKENDS else "sandbox " + " ".join(args.backends)  # others: a block of their own
+    emit(text, key, args.write, section="sandbox")
 
 
 def parse_args() -> argparse.Namespace:
@@ -510,7 +521,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--total", type=int, default=120,
                    help="executions per throughput measurement, every backend (at least 4 per caller)")
     p.add_argument("--pool-cap", type=int, default=16, help="most workers/containers per pool")
-    p.add_argument("--backends", nargs="+", default=LATENCY_BACKENDS, choices=LATENCY_BACKENDS,
+    p.add_argument("--backends", nargs="+", default=DEFAULT_BACKENDS, choices=LATENCY_BACKENDS,
                    help="backends to measure (the subprocess baseline is always measured)")
     p.add_argument("--leak-check", type=int, default=0, metavar="N",
                    help="also run N warm executions and count leftovers")
