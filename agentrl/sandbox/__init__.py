@@ -86,8 +86,9 @@ Covered:
   of its own (no terminal injection).
 
 * **The kernel's most attacked interfaces** (bwrap, per-execution and warm mode and sessions;
-  ``tests/sandbox/test_seccomp.py``): the user's code runs under a seccomp filter built with
-  libseccomp (:mod:`agentrl.sandbox._seccomp`), installed after the sandbox's own setup. It
+  docker; ``tests/sandbox/test_seccomp.py``): the user's code runs under a seccomp filter built
+  with libseccomp (:mod:`agentrl.sandbox._seccomp`), installed after the sandbox's own setup;
+  Docker containers run under the same list as a seccomp profile instead of Docker's default. It
   refuses nested user namespaces and every other new namespace (``unshare``, ``clone`` with
   namespace flags, ``setns``), io_uring, ``bpf``, ``userfaultfd``, ``perf_event_open``, keyrings,
   ``kexec``, module loading, ``ptrace``, ``mount`` and the new mount API, address-space
@@ -97,9 +98,8 @@ Covered:
 Not covered:
 
 * **Kernel exploits through what remains.** The code still shares the host kernel, through the
-  system calls the filter allows; a bug there can give it the host. Docker runs with Docker's
-  default profile, which still allows io_uring (a profile of agentrl's is not written yet). Use a
-  VM (gVisor, Firecracker) where that matters.
+  system calls the filter allows; a bug there can give it the host. Use a VM (gVisor,
+  Firecracker) where that matters.
 * **Side channels** (timing, caches, Spectre-class speculation) and covert channels between
   concurrent executions or with the host (CPU load, memory pressure, the page cache).
 * **Resource fairness beyond the limits.** bwrap has no cgroups: memory is limited per process (a
