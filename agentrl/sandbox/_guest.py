@@ -281,11 +281,10 @@ def oneshot_prelude():
     Not a mode of this program: for a fast start the host runs only this function and the few
     it needs (:data:`ONESHOT_NAMES`, cut out of this file) as ``python -I -S -c <them>
     <marker_fd> <uid> <cpu_s> <memory_bytes> <fsize> <nofile> <nproc> [<sys.path entries,
-    colon-separated> [<seccomp filter, hex>]]``, with the code on stdin (a uid of -1: keep the
-    identity).
+    colon-separated>]``, with the code on stdin (a uid of -1: keep the identity). In bubblewrap,
+    bwrap has installed the system-call filter before this interpreter started (``--seccomp``).
 
-    Order matters: drop privileges, apply the limits (:func:`apply_limits`) and the system-call
-    filter (:func:`install_seccomp`), *then* write the
+    Order matters: drop privileges, apply the limits (:func:`apply_limits`), *then* write the
     marker byte (proof that setup finished and the user's code is about to run, so anything after
     it is the code's doing), close every inherited descriptor, read the code from stdin, save a
     copy as ``./main.py`` (for source lines in tracebacks), clear this bootstrap's names from
@@ -297,8 +296,6 @@ def oneshot_prelude():
     apply_limits({"cpu_s": cpu, "memory_bytes": mem, "fsize": fsize, "nofile": nofile, "nproc": nproc})
     if len(sys.argv) > 8 and sys.argv[8]:
         sys.path.extend(sys.argv[8].split(":"))
-    if len(sys.argv) > 9 and sys.argv[9]:
-        install_seccomp(bytes.fromhex(sys.argv[9]))
     os.write(fd, b"1")
     for name in os.listdir("/proc/self/fd"):
         if int(name) > 2:
@@ -339,7 +336,7 @@ def oneshot_prelude():
 
 #: What :func:`oneshot_prelude` needs of this file (the host cuts these out and runs them alone).
 ONESHOT_NAMES = (
-    "CODE_FILENAME", "vm_size", "apply_limits", "drop_privileges", "install_seccomp", "_exit_builtin", "oneshot_prelude",
+    "CODE_FILENAME", "vm_size", "apply_limits", "drop_privileges", "_exit_builtin", "oneshot_prelude",
 )
 
 

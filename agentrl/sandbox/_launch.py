@@ -48,12 +48,11 @@ def oneshot_source() -> str:
 
 
 def oneshot_argv(
-    python: str, marker_fd: int, limits: Limits, uid: int = NO_UID, sys_path: Sequence[str] = (), seccomp: bytes | None = None
+    python: str, marker_fd: int, limits: Limits, uid: int = NO_UID, sys_path: Sequence[str] = ()
 ) -> list[str]:
     """The interpreter command line of a one-shot execution (the code goes to its stdin): it drops
-    to ``uid`` (unless :data:`NO_UID`), applies ``limits`` and the system-call filter ``seccomp``
-    (a BPF program, :mod:`agentrl.sandbox._seccomp`; None: none), writes a byte to ``marker_fd``
-    once set up, and runs the code with ``sys_path`` appended to its ``sys.path``."""
+    to ``uid`` (unless :data:`NO_UID`), applies ``limits``, writes a byte to ``marker_fd`` once
+    set up, and runs the code with ``sys_path`` appended to its ``sys.path``."""
     return [
         python,
         "-I",
@@ -67,6 +66,5 @@ def oneshot_argv(
         str(limits.fsize_bytes),
         str(limits.nofile),
         str(limits.nproc),
-        ":".join(sys_path),
-        *([seccomp.hex()] if seccomp else []),
+        *([":".join(sys_path)] if sys_path else []),
     ]

@@ -1,11 +1,15 @@
 """The sandbox's system-call filter: built with libseccomp (PyPI's ``pyseccomp``) for bubblewrap,
 and as a Docker seccomp profile (:func:`docker_profile`) for the Docker backend.
 
-The filter closes the kernel interfaces behind most recent local privilege escalations. The
-guest runtime (:mod:`agentrl.sandbox._guest`) installs it in the process that runs the user's
-code, after the sandbox's own setup, which needs some of these calls (``unshare``, ``mount``,
-``setns`` to build and reset warm trees). Every process the code starts inherits it, and it
-cannot be removed.
+The filter closes the kernel interfaces behind most recent local privilege escalations. It is
+installed where the user's code starts, after the sandbox's own setup, which needs some of these
+calls (``unshare``, ``mount``, ``setns`` to build and reset warm trees):
+
+- per-execution mode: by bwrap itself (``--seccomp FD``), right before it starts the interpreter;
+- warm mode and sessions: by the guest runtime (:func:`agentrl.sandbox._guest.install_seccomp`)
+  in the forked process that runs the code, after the tree's set-up.
+
+Every process the code starts inherits it, and it cannot be removed.
 
 What it denies (``EPERM``, except ``clone3``: ``ENOSYS``, so that the C library falls back to
 ``clone``, whose flags the filter can inspect):

@@ -344,18 +344,25 @@ class BubblewrapSandbox(SandboxBase):
     async def _run_cold(self, code: str, timeout: float, limits: Limits) -> ExecResult:
         self.stats.cold_runs += 1
         userns = self._take_userns()
+        seccomp_fd = None
+        if self._seccomp_program is not None:  # bwrap reads the filter from a pipe and loads it before the exec
+            seccomp_fd, w = os.pipe()
+            os.write(w, self._seccomp_program)
+            os.close(w)
         try:
             raw = await run_process(
-                lambda marker_fd: self._argv(marker_fd, limits, userns),
+                lambda marker_fd: self._argv(marker_fd, limits, userns, seccomp_fd),
                 code=code,
                 env={"PATH": "/usr/bin:/bin"},
                 timeout_s=timeout,
                 max_output_bytes=self.max_output_bytes,
-                pass_fds=() if userns is None else (userns,),
+                pass_fds=tuple(fd for fd in (userns, seccomp_fd) if fd is not None),
             )
         finally:
             if userns is not None:
                 self._userns_pool.append(userns)
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
         return to_result(raw, what="bubblewrap sandbox")
 
     def _take_userns(self) -> int | None:
@@ -365,7 +372,9 @@ class BubblewrapSandbox(SandboxBase):
             self._userns_pool.append(_new_userns())
         return self._userns_pool.pop()
 
-    def _argv(self, marker_fd: int, limits: Limits, userns: int | None) -> list[str]:
+    def _argv(self, marker_fd: int, limits: Limits, userns: int | None, seccomp_fd: int | None = None) -> list[str]:
+        """The one-shot command line: bwrap (``--seccomp seccomp_fd``: the filter, which bwrap
+        installs right before it starts the interpreter), then :func:`oneshot_argv`."""
         if userns is None:
             uid = str(SANDBOX_UID)
             head = [self._bwrap, "--unshare-all", "--uid", uid, "--gid", uid]
@@ -379,7 +388,9 @@ class BubblewrapSandbox(SandboxBase):
                 "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
             ]
             drop_to = SANDBOX_UID
-        python = oneshot_argv(self._python, marker_fd, limits, drop_to, sys_path=self._site_inside, seccomp=self._seccomp_program)
+        if seccomp_fd is not None:
+            head += ["--seccomp", str(seccomp_fd)]
+        python = oneshot_argv(self._python, marker_fd, limits, drop_to, sys_path=self._site_inside)
         return [*head, *self._static_args, *self._site_args(), "--", *python]
 
     # -- warm mode ---------------------------------------------------------------------------
