@@ -502,13 +502,13 @@ def run_one(chan, env, kill_strategy):
     """
     reset_process(env)
     fd = chan.park()
+    if SECCOMP_PROGRAM is not None:  # before the request: this process is forked ahead, so off the latency path
+        install_seccomp(SECCOMP_PROGRAM)
     try:
         req, fds, text = chan.recv_request()
     except EOFError:
         os._exit(0)
     apply_limits(req)
-    if SECCOMP_PROGRAM is not None:
-        install_seccomp(SECCOMP_PROGRAM)
     point_std_fds(fds[0], fds[1])
     close_fds_above(2, keep=(fd,))
     install_std_streams()
@@ -608,6 +608,8 @@ def session_loop(chan, env, kill_strategy):
     if null > 2:
         os.close(null)
     install_std_streams()
+    if SECCOMP_PROGRAM is not None:  # for the session's whole life (filters stack: once)
+        install_seccomp(SECCOMP_PROGRAM)
     mod = new_main_module(CODE_FILENAME)
     namespace = mod.__dict__
     hard_as = None
@@ -621,8 +623,6 @@ def session_loop(chan, env, kill_strategy):
         if hard_as is None:
             hard_as = vm_size() + int(req.get("session_memory_bytes") or req["memory_bytes"])
         apply_limits(req, session_hard_as=hard_as)
-        if n == 1 and SECCOMP_PROGRAM is not None:  # once: filters stack, and this one is for good
-            install_seccomp(SECCOMP_PROGRAM)
         flush_std()
         point_std_fds(fds[0], fds[1])
         sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
