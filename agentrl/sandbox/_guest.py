@@ -228,27 +228,35 @@ def apply_limits(req, session_hard_as=None):
         R.setrlimit(res, (soft, hard))
 
 
-SECCOMP_PROGRAM = None
-"""The system-call filter (a BPF program from :mod:`agentrl.sandbox._seccomp`, built on the host)
-that :func:`install_seccomp` loads before user code runs; None: none (set by ``server_main``)."""
+SECCOMP_INSTALL = None
+"""Loads the system-call filter into the calling process (made by :func:`prepare_seccomp` from a
+BPF program of :mod:`agentrl.sandbox._seccomp`, built on the host); None: no filter (set by
+``server_main``, so that every forked tree inherits it ready to call)."""
 
 
-def install_seccomp(program):
-    """Load the BPF ``program`` as this process's seccomp filter, after ``PR_SET_NO_NEW_PRIVS``.
-    Inherited by every process the code starts and never removable. Raises OSError if the kernel
-    refuses it (the execution then fails as a sandbox error, it does not run unfiltered)."""
+def prepare_seccomp(program):
+    """A function that loads the BPF ``program`` as the calling process's seccomp filter, after
+    ``PR_SET_NO_NEW_PRIVS``; the filter is inherited by every process the code starts and is never
+    removable. The ctypes structures are built here, once, so that a forked tree only makes the two
+    ``prctl`` calls. The function raises OSError if the kernel refuses the filter (the execution
+    then fails as a sandbox error, it does not run unfiltered)."""
     import ctypes
 
     class SockFprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
-    libc = ctypes.CDLL(None, use_errno=True)
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
     buf = ctypes.create_string_buffer(bytes(program), len(program))
     prog = SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
-    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-    if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+    ref = ctypes.byref(prog)
+
+    def install(_keep=(buf, prog)):
+        if prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+        if prctl(22, 2, ref, 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+
+    return install
 
 
 def vm_size():
@@ -341,14 +349,22 @@ ONESHOT_NAMES = (
 
 
 def reset_process(env):
-    """Make a forked interpreter look like a fresh one to the code (environment, signals, rng)."""
-    os.environ.clear()
-    os.environ.update(env)
+    """Make a forked interpreter look like a fresh one to the code (environment, signals, rng).
+
+    Each step is skipped when the process is already that way (a warm server sets itself up so
+    once, and its forks then touch fewer pages: every page a fork writes is a copy-on-write fault).
+    """
+    if dict(os.environ) != env:
+        os.environ.clear()
+        os.environ.update(env)
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        if signal.getsignal(sig) is not signal.SIG_DFL:
+            signal.signal(sig, signal.SIG_DFL)
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGPIPE) is not signal.SIG_IGN:
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     np = sys.modules.get("numpy")
     if np is not None:  # the legacy global RandomState is not reseeded on fork
@@ -502,8 +518,8 @@ def run_one(chan, env, kill_strategy):
     """
     reset_process(env)
     fd = chan.park()
-    if SECCOMP_PROGRAM is not None:  # before the request: this process is forked ahead, so off the latency path
-        install_seccomp(SECCOMP_PROGRAM)
+    if SECCOMP_INSTALL is not None:  # before the request: this process is forked ahead, so off the latency path
+        SECCOMP_INSTALL()
     try:
         req, fds, text = chan.recv_request()
     except EOFError:
@@ -608,8 +624,8 @@ def session_loop(chan, env, kill_strategy):
     if null > 2:
         os.close(null)
     install_std_streams()
-    if SECCOMP_PROGRAM is not None:  # for the session's whole life (filters stack: once)
-        install_seccomp(SECCOMP_PROGRAM)
+    if SECCOMP_INSTALL is not None:  # for the session's whole life (filters stack: once)
+        SECCOMP_INSTALL()
     mod = new_main_module(CODE_FILENAME)
     namespace = mod.__dict__
     hard_as = None
@@ -729,12 +745,17 @@ def init_factory(sysc, chan, cfg):
 
 
 def fresh_tmpfs(sysc, size, remount):
-    """Empty, size-capped tmpfs mounts on /tmp and /dev/shm (``remount``: detach the old ones)."""
+    """Empty, size-capped tmpfs mounts on /tmp and /dev/shm (``remount``: detach the old ones,
+    unless nothing was ever created in one: its root directory is its only inode, and the code,
+    which is not its owner, cannot have changed that directory)."""
     opts = "size=%d,mode=1777" % size
     for path in ("/tmp", "/dev/shm"):
         if path == "/dev/shm" and not os.path.isdir(path):
             continue
         if remount:
+            st = os.statvfs(path)
+            if st.f_files and st.f_files - st.f_ffree <= 1:
+                continue
             sysc.umount(path)
         sysc.mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts)
 
@@ -828,6 +849,21 @@ class Init:
         self.pidfd = pidfd
         self.chan = chan
         self.uses = 0
+        self.ns = {}  # namespace name -> fd, opened once (not "ipc": a reset replaces it)
+        self.userns = None  # fd of the user namespace of the tree's executions, once one made it
+
+    def namespaces(self, names):
+        """Descriptors of ``I``'s namespaces ``names`` (those that never change are cached; the
+        caller closes the ``"ipc"`` one)."""
+        out = {}
+        for name in names:
+            if name == "ipc":
+                out[name] = os.open("/proc/%d/ns/ipc" % self.pid, os.O_RDONLY | os.O_CLOEXEC)
+                continue
+            if name not in self.ns:
+                self.ns[name] = os.open("/proc/%d/ns/%s" % (self.pid, name), os.O_RDONLY | os.O_CLOEXEC)
+            out[name] = self.ns[name]
+        return out
 
     def kill(self):
         """SIGKILL ``I`` (its whole PID namespace) and release the descriptors."""
@@ -838,6 +874,10 @@ class Init:
         self.close_fds()
 
     def close_fds(self, keep_pidfd=False):
+        for fd in (*self.ns.values(), *(() if self.userns is None else (self.userns,))):
+            os.close(fd)
+        self.ns = {}
+        self.userns = None
         if not keep_pidfd:
             os.close(self.pidfd)
         self.chan.sock.close()
@@ -847,10 +887,9 @@ def server_main(cfg):
     import gc
     import selectors
 
-    global SECCOMP_PROGRAM
-    SECCOMP_PROGRAM = bytes.fromhex(cfg["seccomp"]) if cfg.get("seccomp") else None  # trees fork from here
-    if SECCOMP_PROGRAM is not None:
-        import ctypes  # noqa: F401  (imported once here: every forked tree has it)
+    global SECCOMP_INSTALL
+    if cfg.get("seccomp"):  # prepared once here: every forked tree inherits it
+        SECCOMP_INSTALL = prepare_seccomp(bytes.fromhex(cfg["seccomp"]))
 
     ctl = socket.socket(fileno=int(cfg["control_fd"]))
     sysc = Sys()
@@ -908,6 +947,7 @@ def server_main(cfg):
         except Exception:
             pass
 
+    reset_process(cfg["env"])  # once here: the forks find it done (the server's own handlers follow)
     uid = int(cfg["uid"])
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -942,32 +982,51 @@ def server_main(cfg):
     def fork_tree(kind):
         init = pool.pop() if kind == "exec" and pool else new_init(kind)
         ipid, ipidfd = init.pid, init.pidfd
-        names = ["pid", "mnt", "ipc"] + (["net"] if kind == "session" else [])
-        nsfds = {n: os.open("/proc/%d/ns/%s" % (ipid, n), os.O_RDONLY | os.O_CLOEXEC) for n in names}
+        nsfds = init.namespaces(["pid", "mnt", "ipc"] + (["net"] if kind == "session" else []))
+        userns = init.userns  # None: this U makes the tree's user namespace (and the server maps it)
         host_end, tree_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        to_u_r, to_u_w = os.pipe()
-        from_u_r, from_u_w = os.pipe()
+        to_u_r = to_u_w = from_u_r = from_u_w = None
         try:
+            if userns is None:
+                to_u_r, to_u_w = os.pipe()
+                from_u_r, from_u_w = os.pipe()
             sysc.setns(nsfds["pid"], CLONE_NEWPID)
             upid = os.fork()
         except BaseException:
-            for fd in (*nsfds.values(), to_u_r, to_u_w, from_u_r, from_u_w):
-                os.close(fd)
+            os.close(nsfds["ipc"])
+            for fd in (to_u_r, to_u_w, from_u_r, from_u_w):
+                if fd is not None:
+                    os.close(fd)
             init.kill()
             raise
         if upid != 0:
-            for fd in nsfds.values():
-                os.close(fd)
+            os.close(nsfds["ipc"])
         if upid == 0:
             try:
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 for fd in (wake_r, wake_w, to_u_w, from_u_r, ipidfd):
-                    os.close(fd)
+                    if fd is not None:
+                        os.close(fd)
                 host_end.close()
                 ctl.close()
                 factory.sock.close()
+                sysc.setns(nsfds["mnt"], CLONE_NEWNS)
+                sysc.setns(nsfds["ipc"], CLONE_NEWIPC)
+                if "net" in nsfds:
+                    sysc.setns(nsfds["net"], CLONE_NEWNET)
+                os.chdir("/tmp")
+                if userns is None:
+                    sysc.unshare(CLONE_NEWUSER)
+                    os.write(from_u_w, b"u")
+                    if os.read(to_u_r, 1) != b"m":
+                        os._exit(71)
+                    os.close(to_u_r)
+                    os.close(from_u_w)
+                else:  # the tree's own, made and mapped by its first execution
+                    sysc.setns(userns, CLONE_NEWUSER)
                 # nothing of other trees (nor this tree's init channel) stays in U
+                os.close(nsfds["ipc"])
                 init.close_fds(keep_pidfd=True)  # ipidfd: closed above
                 for other_end, other_init, _kind in trees.values():
                     other_end.close()
@@ -978,19 +1037,6 @@ def server_main(cfg):
                 for other_init in (*pool, *resetting.values()):
                     other_init.close_fds()
                 sel.close()
-                sysc.setns(nsfds["mnt"], CLONE_NEWNS)
-                sysc.setns(nsfds["ipc"], CLONE_NEWIPC)
-                if "net" in nsfds:
-                    sysc.setns(nsfds["net"], CLONE_NEWNET)
-                for fd in nsfds.values():
-                    os.close(fd)
-                os.chdir("/tmp")
-                sysc.unshare(CLONE_NEWUSER)
-                os.write(from_u_w, b"u")
-                if os.read(to_u_r, 1) != b"m":
-                    os._exit(71)
-                os.close(to_u_r)
-                os.close(from_u_w)
                 drop_privileges(uid)
                 chan = Packets(tree_end)
                 if kind == "exec":
@@ -1003,28 +1049,30 @@ def server_main(cfg):
                 except BaseException:
                     pass
             os._exit(70)
-        os.close(to_u_r)
-        os.close(from_u_w)
-        try:
-            if os.read(from_u_r, 1) != b"u":
-                detail = ""
-                tree_end.settimeout(1.0)
-                try:
-                    detail = tree_end.recv(4096).decode("utf-8", "replace")
-                except OSError:
-                    pass
-                raise OSError("the sandbox child failed to set itself up: %s" % (detail,))
-            mapping = "0 0 1\n%d %d 1\n" % (uid, uid)
-            for name in ("uid_map", "gid_map"):
-                with open("/proc/%d/%s" % (upid, name), "w") as f:
-                    f.write(mapping)
-            os.write(to_u_w, b"m")
-        except OSError:
-            init.kill()
-            raise
-        finally:
-            os.close(to_u_w)
-            os.close(from_u_r)
+        if userns is None:
+            os.close(to_u_r)
+            os.close(from_u_w)
+            try:
+                if os.read(from_u_r, 1) != b"u":
+                    detail = ""
+                    tree_end.settimeout(1.0)
+                    try:
+                        detail = tree_end.recv(4096).decode("utf-8", "replace")
+                    except OSError:
+                        pass
+                    raise OSError("the sandbox child failed to set itself up: %s" % (detail,))
+                mapping = "0 0 1\n%d %d 1\n" % (uid, uid)
+                for name in ("uid_map", "gid_map"):
+                    with open("/proc/%d/%s" % (upid, name), "w") as f:
+                        f.write(mapping)
+                init.userns = os.open("/proc/%d/ns/user" % upid, os.O_RDONLY | os.O_CLOEXEC)
+                os.write(to_u_w, b"m")
+            except OSError:
+                init.kill()
+                raise
+            finally:
+                os.close(to_u_w)
+                os.close(from_u_r)
         trees[upid] = (tree_end, init, kind)
         return upid, host_end, ipidfd, init.uses
 

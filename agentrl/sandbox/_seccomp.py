@@ -6,7 +6,7 @@ installed where the user's code starts, after the sandbox's own setup, which nee
 calls (``unshare``, ``mount``, ``setns`` to build and reset warm trees):
 
 - per-execution mode: by bwrap itself (``--seccomp FD``), right before it starts the interpreter;
-- warm mode and sessions: by the guest runtime (:func:`agentrl.sandbox._guest.install_seccomp`)
+- warm mode and sessions: by the guest runtime (:func:`agentrl.sandbox._guest.prepare_seccomp`)
   in the forked process that runs the code, after the tree's set-up.
 
 Every process the code starts inherits it, and it cannot be removed.
