@@ -7,6 +7,7 @@ and context-manager plumbing of a sandbox (:class:`SandboxBase`) and of a sessio
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import anyio
@@ -153,6 +154,14 @@ class TreeSession(SessionBase):
     async def _new_tree(self) -> Tree:
         raise NotImplementedError
 
+    def _cgroup_fds(self, limits: Limits) -> tuple[int, ...]:
+        """``cgroup.procs`` descriptors every cell joins (none by default; the caller keeps them)."""
+        return ()
+
+    def _oom_kills(self) -> int:
+        """OOM kills in the session's cgroup so far (0 without one)."""
+        return 0
+
     def _free(self) -> None:
         """Release what the session holds besides its tree."""
 
@@ -181,16 +190,25 @@ class TreeSession(SessionBase):
         tree = self._tree
         assert tree is not None
         async with sb._limiter.get():
+            try:
+                cgroup_fds = self._cgroup_fds(limits)
+            except OSError as exc:
+                raise SandboxError(f"{self._what}: cannot set up a cgroup: {exc}") from exc
+            ooms = self._oom_kills()
             outcome = await run_on_tree(
                 tree, code, request_header(limits, timeout, self.memory_mb * 1024 * 1024),
                 timeout_s=timeout, max_output_bytes=sb.max_output_bytes, session=True,
+                extra_fds=cgroup_fds,
             )
         if outcome.error is not None or outcome.state_lost:
             tree.close()
             self._tree = None
         if outcome.error is not None:
             raise SandboxError(f"{self._what}: {outcome.error}")
-        return to_result(outcome.raw, what=self._what, state_lost=outcome.state_lost)
+        result = to_result(outcome.raw, what=self._what, state_lost=outcome.state_lost)
+        if not result.memory_exceeded and self._oom_kills() > ooms:
+            result = replace(result, memory_exceeded=True)
+        return result
 
     async def aclose(self) -> None:
         """Kill the interpreter and everything it started."""

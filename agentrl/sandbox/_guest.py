@@ -259,12 +259,37 @@ def prepare_seccomp(program):
     return install
 
 
+def join_cgroups(fds):
+    """Move this process into the cgroups whose ``cgroup.procs`` the host opened for writing and
+    passed as ``fds`` (see :mod:`agentrl.sandbox._cgroups`: the kernel checks the opener's
+    credentials, so no privilege is needed here), then close them. Everything this process starts
+    afterwards is in them too. Raises OSError if the kernel refuses (a sandbox error: the code
+    does not run unbounded)."""
+    for fd in fds:
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+
+
 def vm_size():
     """This process's address-space size in bytes (VmSize)."""
     try:
         with open("/proc/self/status", "rb") as f:
             for line in f:
                 if line.startswith(b"VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def rss_anon():
+    """This process's resident anonymous memory in bytes (RssAnon)."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"RssAnon:"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -299,6 +324,8 @@ def oneshot_prelude():
     ``__main__``, and hide its frames from tracebacks.
     """
     fd, uid, cpu, mem, fsize, nofile, nproc = (int(a) for a in sys.argv[1:8])
+    if len(sys.argv) > 9 and sys.argv[9]:
+        join_cgroups([int(a) for a in sys.argv[9].split(",")])
     if uid >= 0:
         drop_privileges(uid)
     apply_limits({"cpu_s": cpu, "memory_bytes": mem, "fsize": fsize, "nofile": nofile, "nproc": nproc})
@@ -344,7 +371,8 @@ def oneshot_prelude():
 
 #: What :func:`oneshot_prelude` needs of this file (the host cuts these out and runs them alone).
 ONESHOT_NAMES = (
-    "CODE_FILENAME", "vm_size", "apply_limits", "drop_privileges", "_exit_builtin", "oneshot_prelude",
+    "CODE_FILENAME", "join_cgroups", "vm_size", "apply_limits", "drop_privileges", "_exit_builtin",
+    "oneshot_prelude",
 )
 
 
@@ -496,12 +524,13 @@ def flush_std():
 def finish_like_interpreter():
     """What the interpreter does before it exits: join threads, run atexit handlers, flush."""
     import atexit
-    import threading
 
-    try:
-        threading._shutdown()
-    except BaseException:
-        pass
+    threading = sys.modules.get("threading")
+    if threading is not None:  # not imported: the code started no thread the interpreter would join
+        try:
+            threading._shutdown()
+        except BaseException:
+            pass
     try:
         atexit._run_exitfuncs()
     except BaseException:
@@ -524,6 +553,7 @@ def run_one(chan, env, kill_strategy):
         req, fds, text = chan.recv_request()
     except EOFError:
         os._exit(0)
+    join_cgroups(fds[2:])
     apply_limits(req)
     point_std_fds(fds[0], fds[1])
     close_fds_above(2, keep=(fd,))
@@ -638,6 +668,7 @@ def session_loop(chan, env, kill_strategy):
         n += 1
         if hard_as is None:
             hard_as = vm_size() + int(req.get("session_memory_bytes") or req["memory_bytes"])
+        join_cgroups(fds[2:])  # every cell: the session's cgroup (joining again changes nothing)
         apply_limits(req, session_hard_as=hard_as)
         flush_std()
         point_std_fds(fds[0], fds[1])
@@ -906,6 +937,7 @@ def server_main(cfg):
     f_child.close()
     factory = Packets(f_srv)
 
+    base_modules = {name.split(".")[0] for name in sys.modules}
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = "1"
     sys.path.extend(cfg["site"])
@@ -926,12 +958,15 @@ def server_main(cfg):
         except Exception as exc:
             ctl.send(frame({"event": "error", "message": "warm-up code failed: %r" % (exc,)}))
             os._exit(1)
+    # Third-party packages the imports brought in (the host routes code that names one here).
+    modules = sorted(
+        {name.split(".")[0] for name in sys.modules} - base_modules - set(sys.stdlib_module_names)
+    )
     # What every execution uses, imported once here rather than in each fork (an import in the
     # child costs milliseconds of CPU, however small the code).
     import atexit  # noqa: F401
     import linecache  # noqa: F401
     import resource  # noqa: F401
-    import threading  # noqa: F401
     import time  # noqa: F401
     import traceback  # noqa: F401
     import types  # noqa: F401
@@ -981,7 +1016,7 @@ def server_main(cfg):
 
     def fork_tree(kind):
         init = pool.pop() if kind == "exec" and pool else new_init(kind)
-        ipid, ipidfd = init.pid, init.pidfd
+        ipidfd = init.pidfd
         nsfds = init.namespaces(["pid", "mnt", "ipc"] + (["net"] if kind == "session" else []))
         userns = init.userns  # None: this U makes the tree's user namespace (and the server maps it)
         host_end, tree_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -1134,7 +1169,10 @@ def server_main(cfg):
             init.kill()
 
     ready = [fork_tree("exec") for _ in range(depth)]
-    ctl.send(frame({"event": "ready", "loaded": loaded, "skipped": skipped}))
+    ctl.send(frame({
+        "event": "ready", "loaded": loaded, "skipped": skipped, "modules": modules,
+        "anon_bytes": rss_anon(),
+    }))
     sel.register(ctl, selectors.EVENT_READ)
     sel.register(wake_r, selectors.EVENT_READ)
     while True:

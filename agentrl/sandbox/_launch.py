@@ -48,11 +48,13 @@ def oneshot_source() -> str:
 
 
 def oneshot_argv(
-    python: str, marker_fd: int, limits: Limits, uid: int = NO_UID, sys_path: Sequence[str] = ()
+    python: str, marker_fd: int, limits: Limits, uid: int = NO_UID, sys_path: Sequence[str] = (),
+    cgroup_fds: Sequence[int] = (),
 ) -> list[str]:
-    """The interpreter command line of a one-shot execution (the code goes to its stdin): it drops
-    to ``uid`` (unless :data:`NO_UID`), applies ``limits``, writes a byte to ``marker_fd`` once
-    set up, and runs the code with ``sys_path`` appended to its ``sys.path``."""
+    """The interpreter command line of a one-shot execution (the code goes to its stdin): it joins
+    the cgroups of ``cgroup_fds`` (``cgroup.procs`` descriptors it inherits), drops to ``uid``
+    (unless :data:`NO_UID`), applies ``limits``, writes a byte to ``marker_fd`` once set up, and
+    runs the code with ``sys_path`` appended to its ``sys.path``."""
     return [
         python,
         "-I",
@@ -66,5 +68,6 @@ def oneshot_argv(
         str(limits.fsize_bytes),
         str(limits.nofile),
         str(limits.nproc),
-        *([":".join(sys_path)] if sys_path else []),
+        *([":".join(sys_path)] if sys_path or cgroup_fds else []),
+        *([",".join(str(fd) for fd in cgroup_fds)] if cgroup_fds else []),
     ]

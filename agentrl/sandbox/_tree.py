@@ -18,6 +18,7 @@ import socket
 import struct
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,6 +218,7 @@ async def run_on_tree(
     timeout_s: float,
     max_output_bytes: int,
     session: bool,
+    extra_fds: Sequence[int] = (),
 ) -> Outcome:
     """Send one request to ``tree`` and supervise it until it ends or its deadline passes.
 
@@ -224,6 +226,8 @@ async def run_on_tree(
     the namespace has been killed). A session cell ends with ``done`` (the interpreter lives on)
     or ``exit`` (it died: the state is lost). At the deadline the whole tree is SIGKILLed (a
     session loses its state). If the caller is cancelled, the tree is killed too.
+    ``extra_fds`` go with the request after the two pipes (the ``cgroup.procs`` descriptors the
+    code's process joins: :func:`agentrl.sandbox._guest.join_cgroups`); the caller keeps them.
     """
     data = code.encode("utf-8", "surrogatepass")
     header = {**header, "code_len": len(data)}
@@ -241,7 +245,7 @@ async def run_on_tree(
             tg.start_soon(drain, err_r, err)
             with anyio.move_on_after(timeout_s) as scope:
                 try:
-                    await tree.conn.send_request(header, data, (out_w, err_w))
+                    await tree.conn.send_request(header, data, (out_w, err_w, *extra_fds))
                 except OSError as exc:
                     state["error"] = f"cannot send the code to the sandbox: {exc}"
                 finally:

@@ -63,24 +63,20 @@ caller's and ``RLIMIT_NPROC`` applies normally; warm workers and sessions need r
 from __future__ import annotations
 
 import importlib.util
-import json
+import itertools
 import logging
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import sysconfig
-import tempfile
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 import anyio
 
 from agentrl.errors import ConfigError, SandboxError, SandboxUnavailable
 from agentrl.sandbox._backend import SandboxBase, TreeSession
+from agentrl.sandbox._cgroups import Cgroup, CgroupRoot, CgroupsUnavailable, open_root
 from agentrl.sandbox._launch import NO_UID, guest_argv, oneshot_argv
 from agentrl.sandbox._layout import (
     SANDBOX_ENV,
@@ -93,8 +89,9 @@ from agentrl.sandbox._layout import (
     site_packages_binds,
 )
 from agentrl.sandbox._limits import Limits
-from agentrl.sandbox._process import kill_group, run_process, to_result
-from agentrl.sandbox._tree import AsyncConn, Tree, frame, request_header, run_on_tree
+from agentrl.sandbox._process import run_process, to_result
+from agentrl.sandbox._tree import Tree, request_header, run_on_tree
+from agentrl.sandbox._warm import ImportRouter, WarmPool, WarmWorker, new_userns
 from agentrl.sandbox.base import ExecResult
 
 __all__ = [
@@ -120,6 +117,9 @@ if "numpy" in sys.modules:
     import numpy
     numpy.linalg.solve(numpy.eye(2), numpy.ones(2))
 """
+#: Memory a cgroup allows beyond ``memory_mb`` and copy-on-write (bytes): the guest's own
+#: bookkeeping after it joined, kernel objects charged to the tree (page tables, sockets, pipes).
+CGROUP_SLACK_BYTES = 16 * 1024 * 1024
 #: How many one-shot trees a warm worker keeps forked ahead of requests.
 PREFORK = 2
 #: Capabilities the warm server keeps (inside its own user namespace only).
@@ -132,16 +132,6 @@ _INSTALL_HINT = (
     "`apt-get install bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap` (Fedora), "
     "or choose another sandbox kind"
 )
-
-# Creates a user namespace and waits on stdin, so that the parent (root) can write its uid/gid maps
-# and open /proc/<pid>/ns/user. 0x10000000 is CLONE_NEWUSER.
-_UNSHARE_HELPER = (
-    "import ctypes, os, sys\n"
-    "ok = ctypes.CDLL(None, use_errno=True).unshare(0x10000000) == 0\n"
-    "os.write(1, b'1' if ok else os.strerror(ctypes.get_errno()).encode())\n"
-    "sys.stdin.read()\n"
-)
-
 
 @dataclass
 class PoolStats:
@@ -169,15 +159,17 @@ class BubblewrapSandbox(SandboxBase):
     """Runs code in bubblewrap containers as an unprivileged user (Linux only).
 
     Args:
-        max_concurrency: most executions running at once (and, in warm mode, most workers);
-            further ``run`` calls wait for a slot.
+        max_concurrency: most executions running at once (and, in warm mode, most workers of
+            each kind); further ``run`` calls wait for a slot.
         timeout_s: default wall-clock deadline per execution, in seconds.
         memory_mb: default address space (RLIMIT_AS) each process may add to the interpreter's
             when it is handed the code, in MiB (a fresh one holds about 10 MB, a warm one about
-            200 MB; see :meth:`agentrl.sandbox.Sandbox.run`).
+            200 MB; see :meth:`agentrl.sandbox.Sandbox.run`). With cgroups, also what the whole
+            process tree of an execution may use together (plus what copy-on-write may copy of
+            the warm interpreter it was forked from).
         max_output_bytes: how much of stdout, and of stderr, is kept per execution (bytes).
         max_processes: most processes/threads the code may have at once (RLIMIT_NPROC, counted per
-            execution), the interpreter's main thread included.
+            execution, and with cgroups ``pids.max``), the interpreter's main thread included.
         python: interpreter to run inside (path or name on PATH); default: the base interpreter
             of the running Python (not its virtualenv's shim). Its installation prefix is bound
             read-only at the same path.
@@ -194,6 +186,16 @@ class BubblewrapSandbox(SandboxBase):
         startup_timeout_s: longest wait for a warm worker to be ready (imports included).
         seccomp: run the code under the system-call filter of :mod:`agentrl.sandbox._seccomp`
             (True, the default; False only to measure what the filter costs).
+        cgroups: bound each execution's whole process tree with a cgroup of its own
+            (:mod:`agentrl.sandbox._cgroups`: memory without swap, processes, CPU). ``None``
+            (default): where the host lets the engine create cgroups (root, a usable v1 or
+            delegated v2 hierarchy), else rlimits only, with a log line saying why; ``True``:
+            required (:class:`SandboxUnavailable` if impossible); ``False``: rlimits only.
+        cpus: with cgroups, the CPU bandwidth of one execution's tree, in cores (1.0: one core's
+            worth; ``None``: unbounded).
+        lean_workers: in warm mode, also keep workers without preloads for code that names none
+            of the preloaded modules (:mod:`agentrl.sandbox._warm`: a smaller process to fork per
+            execution); False: every execution goes to a worker with the preloads.
 
     Raises:
         SandboxUnavailable: ``bwrap`` is not installed (the message says how to install it), or,
@@ -223,6 +225,9 @@ class BubblewrapSandbox(SandboxBase):
         site_packages: Sequence[str] | None = None,
         startup_timeout_s: float = 120.0,
         seccomp: bool = True,
+        cgroups: bool | None = None,
+        cpus: float | None = 1.0,
+        lean_workers: bool = True,
     ) -> None:
         self._init_settings(
             max_concurrency=max_concurrency, timeout_s=timeout_s, memory_mb=memory_mb,
@@ -232,6 +237,8 @@ class BubblewrapSandbox(SandboxBase):
             raise ConfigError(f"sandbox: startup_timeout_s must be > 0, got {startup_timeout_s!r}")
         if isinstance(preload, str):
             raise ConfigError("sandbox: preload must be a list of module names, not a string")
+        if cpus is not None and not cpus > 0:
+            raise ConfigError(f"sandbox: cpus must be > 0 or None, got {cpus!r}")
         bwrap = shutil.which("bwrap")
         if bwrap is None:
             raise SandboxUnavailable(_INSTALL_HINT)
@@ -254,7 +261,7 @@ class BubblewrapSandbox(SandboxBase):
             self._strict_preload = True
         self.warmup = DEFAULT_WARMUP if warmup is None else warmup
         self._userns_pool: list[int] = (
-            [_new_userns() for _ in range(self.max_concurrency)]
+            [new_userns() for _ in range(self.max_concurrency)]
             if self._privileged and not self.warm else []
         )
         self._static_args = self._build_static_args(bwrap, prefixes)
@@ -263,12 +270,36 @@ class BubblewrapSandbox(SandboxBase):
         self.seccomp = bool(seccomp)
         """Whether the user's code runs under the system-call filter (:mod:`agentrl.sandbox._seccomp`)."""
         self._seccomp_program = program() if self.seccomp else None
-        self._idle: list[_Worker] = []
-        self._launching: list[_Worker] = []
-        self._workers: set[_Worker] = set()
-        self._failure: SandboxError | None = None
+        self.cpus = None if cpus is None else float(cpus)
+        self._cgroups: CgroupRoot | None = None
+        self.cgroup_mode = "off"
+        """How executions are bounded as a whole: ``"cgroup v1"``/``"cgroup v2"``, or why not."""
+        if cgroups is not False:
+            if not self._privileged:
+                reason = "cgroups need root"
+                if cgroups:
+                    raise SandboxUnavailable(f"bubblewrap sandbox: {reason}")
+                self.cgroup_mode = f"off ({reason})"
+            else:
+                try:
+                    self._cgroups = open_root()
+                    self.cgroup_mode = f"cgroup v{self._cgroups.version}"
+                except CgroupsUnavailable as exc:
+                    if cgroups:
+                        raise SandboxUnavailable(f"bubblewrap sandbox: {exc}") from None
+                    self.cgroup_mode = f"off ({exc})"
+                    log.info("BubblewrapSandbox: no cgroups, rlimits only: %s", exc)
+        self._cgroup_names = itertools.count()
         #: Counters (see :class:`PoolStats`).
         self.stats = PoolStats()
+        self._router = ImportRouter(self.preload) if (lean_workers and self.preload) else None
+        self._pool = WarmPool(
+            lambda kind: WarmWorker(
+                kind, lambda fd, userns: self._server_argv(fd, userns, kind),
+                self.startup_timeout_s, self.stats,
+            ),
+            self.max_concurrency, self.stats, self._worker_ready, self._worker_gone,
+        )
 
     # -- public API -------------------------------------------------------------------------
 
@@ -295,17 +326,7 @@ class BubblewrapSandbox(SandboxBase):
         if self._closed:
             raise SandboxError("BubblewrapSandbox.start called after aclose()")
         want = self.max_concurrency if workers is None else min(workers, self.max_concurrency)
-        while len(self._workers) < want:
-            self._launch()
-        for worker in list(self._launching):
-            try:
-                await worker.wait_ready()
-            except SandboxError:
-                self._launching.remove(worker)
-                self._discard(worker)
-                raise
-            self._launching.remove(worker)
-            self._idle.append(worker)
+        await self._pool.start({"full": want, **({"lean": want} if self._router else {})})
 
     def session(self, *, memory_mb: int | None = None) -> BubblewrapSession:
         """A notebook-like session (see :class:`agentrl.sandbox.SandboxSession`); root only.
@@ -324,26 +345,36 @@ class BubblewrapSandbox(SandboxBase):
     async def aclose(self) -> None:
         """Stop every worker and session and close the namespaces; ``run`` raises afterwards."""
         await super().aclose()
-        for worker in list(self._workers):
-            self._discard(worker)
-        self._idle.clear()
-        self._launching.clear()
+        self._pool.close()
         while self._userns_pool:
             os.close(self._userns_pool.pop())
+        if self._cgroups is not None:
+            self._cgroups.close()
+            self._cgroups = None
 
     def __repr__(self) -> str:
         return (
             f"BubblewrapSandbox(python={self._python!r}, warm={self.warm}, "
             f"preload={self.preload!r}, max_concurrency={self.max_concurrency}, "
             f"timeout_s={self.timeout_s}, memory_mb={self.memory_mb}, "
-            f"max_processes={self.max_processes}, privileged={self._privileged})"
+            f"max_processes={self.max_processes}, privileged={self._privileged}, "
+            f"cgroups={self.cgroup_mode!r})"
         )
 
     # -- per-execution mode ------------------------------------------------------------------
 
     async def _run_cold(self, code: str, timeout: float, limits: Limits) -> ExecResult:
         self.stats.cold_runs += 1
+        group = self._new_cgroup("x", limits, 0)
+        try:
+            return await self._run_cold_in(code, timeout, limits, group)
+        finally:
+            if group is not None:
+                group.remove()
+
+    async def _run_cold_in(self, code: str, timeout: float, limits: Limits, group: Cgroup | None) -> ExecResult:
         userns = self._take_userns()
+        cg_fds = tuple(group.procs_fds()) if group is not None else ()
         seccomp_fd = None
         if self._seccomp_program is not None:  # bwrap reads the filter from a pipe and loads it before the exec
             seccomp_fd, w = os.pipe()
@@ -351,30 +382,34 @@ class BubblewrapSandbox(SandboxBase):
             os.close(w)
         try:
             raw = await run_process(
-                lambda marker_fd: self._argv(marker_fd, limits, userns, seccomp_fd),
+                lambda marker_fd: self._argv(marker_fd, limits, userns, seccomp_fd, cg_fds),
                 code=code,
                 env={"PATH": "/usr/bin:/bin"},
                 timeout_s=timeout,
                 max_output_bytes=self.max_output_bytes,
-                pass_fds=tuple(fd for fd in (userns, seccomp_fd) if fd is not None),
+                pass_fds=(*(fd for fd in (userns, seccomp_fd) if fd is not None), *cg_fds),
             )
         finally:
             if userns is not None:
                 self._userns_pool.append(userns)
             if seccomp_fd is not None:
                 os.close(seccomp_fd)
-        return to_result(raw, what="bubblewrap sandbox")
+        return _with_oom(to_result(raw, what="bubblewrap sandbox"), group, 0)
 
     def _take_userns(self) -> int | None:
         if not self._privileged:
             return None
         if not self._userns_pool:  # only when used from two event loops at once
-            self._userns_pool.append(_new_userns())
+            self._userns_pool.append(new_userns())
         return self._userns_pool.pop()
 
-    def _argv(self, marker_fd: int, limits: Limits, userns: int | None, seccomp_fd: int | None = None) -> list[str]:
+    def _argv(
+        self, marker_fd: int, limits: Limits, userns: int | None, seccomp_fd: int | None = None,
+        cgroup_fds: Sequence[int] = (),
+    ) -> list[str]:
         """The one-shot command line: bwrap (``--seccomp seccomp_fd``: the filter, which bwrap
-        installs right before it starts the interpreter), then :func:`oneshot_argv`."""
+        installs right before it starts the interpreter), then :func:`oneshot_argv` (which joins
+        ``cgroup_fds`` first)."""
         if userns is None:
             uid = str(SANDBOX_UID)
             head = [self._bwrap, "--unshare-all", "--uid", uid, "--gid", uid]
@@ -390,14 +425,17 @@ class BubblewrapSandbox(SandboxBase):
             drop_to = SANDBOX_UID
         if seccomp_fd is not None:
             head += ["--seccomp", str(seccomp_fd)]
-        python = oneshot_argv(self._python, marker_fd, limits, drop_to, sys_path=self._site_inside)
+        python = oneshot_argv(
+            self._python, marker_fd, limits, drop_to, sys_path=self._site_inside, cgroup_fds=cgroup_fds
+        )
         return [*head, *self._static_args, *self._site_args(), "--", *python]
 
     # -- warm mode ---------------------------------------------------------------------------
 
     async def _run_warm(self, code: str, timeout: float, limits: Limits) -> ExecResult:
+        kind = self._router.kind(code) if self._router is not None else "full"
         for attempt in range(2):
-            worker = self._ready_worker()
+            worker = self._pool.ready(kind)
             if worker is None:
                 # No warm worker is ready yet (one is starting in the background): run this
                 # execution in a container of its own rather than wait for the imports.
@@ -406,7 +444,7 @@ class BubblewrapSandbox(SandboxBase):
                 tree = await worker.take("exec")
             except SandboxError:
                 self.stats.workers_replaced += 1
-                self._discard(worker)  # it died since its last execution: replace it
+                self._pool.discard(worker)  # it died since its last execution: replace it
                 if attempt:
                     raise
                 continue
@@ -415,9 +453,12 @@ class BubblewrapSandbox(SandboxBase):
         self.stats.warm_runs += 1
         ok = False
         try:
+            group = self._worker_cgroup(worker, limits)
+            ooms = group.oom_kills() if group is not None else 0
             outcome = await run_on_tree(
                 tree, code, request_header(limits, timeout), timeout_s=timeout,
                 max_output_bytes=self.max_output_bytes, session=False,
+                extra_fds=group.procs_fds() if group is not None else (),
             )
             ok = outcome.error is None
         except anyio.get_cancelled_exc_class():
@@ -425,89 +466,56 @@ class BubblewrapSandbox(SandboxBase):
             raise
         finally:
             tree.close()
-            self._release(worker, ok)
+            self._pool.release(worker, ok, self._closed)
         if outcome.error is not None:
             raise SandboxError(f"bubblewrap sandbox (warm worker): {outcome.error}")
-        return to_result(outcome.raw, what="bubblewrap sandbox (warm worker)")
+        return _with_oom(to_result(outcome.raw, what="bubblewrap sandbox (warm worker)"), group, ooms)
 
-    def _ready_worker(self) -> _Worker | None:
-        """An idle, ready worker, or ``None`` (then one more is launched if there is room).
+    # -- cgroups -----------------------------------------------------------------------------
 
-        Raises:
-            SandboxError: the last worker launched failed to start (raised once; the next call
-                launches again).
-        """
-        for worker in list(self._launching):
-            try:
-                ready = worker.poll_ready()
-            except SandboxError as exc:
-                self._launching.remove(worker)
-                self._discard(worker)
-                self._failure = exc
-                continue
-            if ready:
-                self._launching.remove(worker)
-                self._idle.append(worker)
-        while self._idle:
-            worker = self._idle.pop()
-            if worker.alive():
-                return worker
-            self.stats.workers_replaced += 1
-            self._discard(worker)
-        if self._failure is not None:
-            failure, self._failure = self._failure, None
-            raise failure
-        if len(self._workers) < self.max_concurrency:
-            self._launch()
-        return None
-
-    async def _wait_worker(self) -> _Worker:
-        """An idle, ready worker, waiting for one to start if need be (sessions)."""
-        worker = self._ready_worker()
-        if worker is not None:
-            return worker
-        if not self._launching:
-            self._launch()
-        candidate = self._launching[0]
+    def _new_cgroup(self, prefix: str, limits: Limits, allowance: int) -> Cgroup | None:
+        """A cgroup bounding a tree to ``limits`` plus ``allowance`` bytes of memory (what
+        copy-on-write may copy of the process it was forked from), or None without cgroups."""
+        if self._cgroups is None:
+            return None
         try:
-            await candidate.wait_ready()
-        except SandboxError:
-            if candidate in self._launching:
-                self._launching.remove(candidate)
-            self._discard(candidate)
-            raise
-        if candidate in self._launching:
-            self._launching.remove(candidate)
-        return candidate
+            group = self._cgroups.group(f"{prefix}{next(self._cgroup_names)}")
+            self._bound(group, limits, allowance)
+        except OSError as exc:
+            raise SandboxError(f"bubblewrap sandbox: cannot set up a cgroup: {exc}") from exc
+        return group
 
-    def _launch(self, *, preload: bool = True) -> _Worker:
-        worker = _Worker(self, preload=preload)
-        self._workers.add(worker)
-        self.stats.workers_started += 1
+    def _bound(self, group: Cgroup, limits: Limits, allowance: int) -> None:
+        group.set_limits(
+            memory_bytes=limits.memory_bytes + allowance + CGROUP_SLACK_BYTES,
+            pids=limits.nproc, cpus=self.cpus,
+        )
+
+    def _worker_cgroup(self, worker: WarmWorker, limits: Limits) -> Cgroup | None:
+        """The cgroup a warm worker's one-shot executions run in (one at a time), bounded to
+        ``limits``."""
+        if self._cgroups is None:
+            return None
+        if worker.cgroup is None:
+            worker.cgroup = self._new_cgroup("w", limits, worker.anon_bytes)
+            return worker.cgroup
         try:
-            worker.launch()
-        except BaseException:
-            self._discard(worker)
-            raise
-        if preload:
-            self._launching.append(worker)
-        return worker
+            self._bound(worker.cgroup, limits, worker.anon_bytes)
+        except OSError as exc:
+            raise SandboxError(f"bubblewrap sandbox: cannot set a cgroup's limits: {exc}") from exc
+        return worker.cgroup
 
-    def _release(self, worker: _Worker, ok: bool) -> None:
-        if ok and not self._closed and worker.alive():
-            self._idle.append(worker)
-        else:
-            if not self._closed:
-                self.stats.workers_replaced += 1
-            self._discard(worker)
+    def _worker_ready(self, worker: WarmWorker) -> None:
+        if worker.kind == "full" and self._router is not None:
+            self._router.add(worker.modules)
 
-    def _discard(self, worker: _Worker) -> None:
-        worker.kill()
-        self._workers.discard(worker)
-        if worker in self._idle:
-            self._idle.remove(worker)
+    def _worker_gone(self, worker: WarmWorker) -> None:
+        if worker.cgroup is not None:
+            worker.cgroup.remove()
+            worker.cgroup = None
 
-    def _server_argv(self, control_fd: int, userns: int, preload: bool) -> list[str]:
+    def _server_argv(self, control_fd: int, userns: int, kind: str) -> list[str]:
+        preload = kind == "full"
         caps: list[str] = []
         for cap in _SERVER_CAPS:
             caps += ["--cap-add", cap]
@@ -525,7 +533,7 @@ class BubblewrapSandbox(SandboxBase):
             "env": SANDBOX_ENV,
             "uid": SANDBOX_UID,
             "tmpfs_bytes": TMPFS_BYTES,
-            "prefork": PREFORK if preload else 1,
+            "prefork": 1 if kind == "session" else PREFORK,
             "seccomp": self._seccomp_program.hex() if self._seccomp_program else "",
         }
         python = guest_argv(self._python, "server", config)
@@ -574,179 +582,6 @@ class BubblewrapSandbox(SandboxBase):
         return args
 
 
-class _Worker:
-    """One warm ``bwrap`` container running the fork server (host side)."""
-
-    def __init__(self, sandbox: BubblewrapSandbox, *, preload: bool) -> None:
-        self.sandbox = sandbox
-        self.preload = preload
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.ctl: socket.socket | None = None
-        self.stderr: Any = None
-        self.loaded: list[str] = []
-        self.dead = False
-        self.ready = False
-        self.launched_at = 0.0
-
-    def launch(self) -> None:
-        """Start the container (the server imports its modules on its own; see :meth:`poll_ready`).
-
-        Raises:
-            SandboxError: bwrap could not be started.
-        """
-        sb = self.sandbox
-        host_end, guest_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            userns = _new_userns()
-        except BaseException:
-            host_end.close()
-            guest_end.close()
-            raise
-        self.stderr = tempfile.TemporaryFile()
-        try:
-            argv = sb._server_argv(guest_end.fileno(), userns, self.preload)
-            try:
-                # From the event loop's thread: bwrap's --die-with-parent follows this thread.
-                self.proc = subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.stderr,
-                    env={"PATH": "/usr/bin:/bin"}, pass_fds=(guest_end.fileno(), userns),
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                host_end.close()
-                raise SandboxError(f"bubblewrap sandbox: cannot start {argv[0]!r}: {exc}") from exc
-        finally:
-            guest_end.close()
-            os.close(userns)
-        host_end.setblocking(False)
-        self.ctl = host_end
-        self.launched_at = time.monotonic()
-
-    def poll_ready(self) -> bool:
-        """Whether the server has said it is ready (non-blocking).
-
-        Raises:
-            SandboxError: it failed to start, or did not within ``startup_timeout_s``.
-        """
-        if self.ready:
-            return True
-        if self.ctl is None or self.dead:
-            raise SandboxError("bubblewrap sandbox: a warm worker failed to start")
-        try:
-            data = self.ctl.recv(1 << 16)
-        except BlockingIOError:
-            if time.monotonic() - self.launched_at > self.sandbox.startup_timeout_s:
-                self._fail(
-                    f"a warm worker did not start within {self.sandbox.startup_timeout_s:g} s"
-                )
-            return False
-        except OSError:
-            data = b""
-        msg: dict[str, Any] | None = None
-        if data:
-            try:
-                msg = json.loads(data[4:])
-            except ValueError:
-                msg = None
-        if not isinstance(msg, dict) or msg.get("event") != "ready":
-            detail = msg.get("message") if isinstance(msg, dict) else None
-            self._fail(f"a warm worker failed to start: {detail or 'it exited'}")
-        assert msg is not None
-        self.loaded = list(msg.get("loaded", []))
-        self.ready = True
-        return True
-
-    async def wait_ready(self) -> None:
-        """Wait until :meth:`poll_ready` says ready (or raises)."""
-        while not self.poll_ready():
-            assert self.ctl is not None
-            with anyio.move_on_after(0.5):
-                await anyio.wait_readable(self.ctl)
-
-    def _fail(self, what: str) -> None:
-        if self.proc is not None:
-            try:
-                self.proc.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                pass
-        note = self._stderr_note()
-        self.kill()
-        raise SandboxError(f"bubblewrap sandbox: {what}{note}")
-
-    async def take(self, kind: str) -> Tree:
-        """A fresh tree (``"exec"``: forked ahead; ``"session"``: forked now) from the server.
-
-        Raises:
-            SandboxError: the worker is dead or answered nonsense.
-        """
-        if self.ctl is None or self.dead:
-            raise SandboxError("bubblewrap sandbox: the warm worker is gone")
-        try:
-            self.ctl.send(frame({"op": "take", "kind": kind}))
-        except OSError as exc:
-            raise SandboxError(f"bubblewrap sandbox: the warm worker is gone: {exc}") from exc
-        with anyio.move_on_after(30) as scope:
-            msg, fds = await self._recv()
-        if scope.cancelled_caught or msg is None or msg.get("event") != "tree" or len(fds) != 2:
-            for fd in fds if not scope.cancelled_caught and msg is not None else ():
-                os.close(fd)
-            raise SandboxError(
-                f"bubblewrap sandbox: the warm worker did not hand out a tree{self._stderr_note()}"
-            )
-        sock = socket.socket(fileno=fds[0])
-        if kind == "exec" and msg.get("reused"):
-            self.sandbox.stats.trees_reused += 1
-        return Tree(AsyncConn(sock), pidfd=fds[1], reusable=kind == "exec")
-
-    async def _recv(self) -> tuple[dict[str, Any] | None, list[int]]:
-        assert self.ctl is not None
-        while True:
-            try:
-                data, fds, _flags, _addr = socket.recv_fds(self.ctl, 1 << 16, 4)
-            except BlockingIOError:
-                await anyio.wait_readable(self.ctl)
-                continue
-            except OSError:
-                return None, []
-            if not data:
-                return None, fds
-            try:
-                return json.loads(data[4:]), fds
-            except ValueError:
-                for fd in fds:
-                    os.close(fd)
-                return {"event": "garbage"}, []
-
-    def alive(self) -> bool:
-        return not self.dead and self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> None:
-        """Kill the container (and with it every tree it forked); idempotent."""
-        self.dead = True
-        if self.proc is not None and self.proc.returncode is None:
-            kill_group(self.proc.pid)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                log.warning("bubblewrap sandbox: worker %d did not exit after SIGKILL", self.proc.pid)
-        if self.ctl is not None:
-            self.ctl.close()
-            self.ctl = None
-        if self.stderr is not None:
-            self.stderr.close()
-            self.stderr = None
-
-    def _stderr_note(self) -> str:
-        if self.stderr is None:
-            return ""
-        try:
-            self.stderr.seek(0)
-            text = self.stderr.read()[-4000:].decode("utf-8", "replace").strip()
-        except (OSError, ValueError):
-            return ""
-        return f": {text}" if text else ""
-
-
 class BubblewrapSession(TreeSession):
     """A session of a :class:`BubblewrapSandbox` (see :class:`agentrl.sandbox.SandboxSession`).
 
@@ -758,41 +593,71 @@ class BubblewrapSession(TreeSession):
 
     def __init__(self, sandbox: BubblewrapSandbox, memory_mb: int) -> None:
         super().__init__(sandbox, memory_mb)
-        self._own_worker: _Worker | None = None
+        self._own_worker: WarmWorker | None = None
+        self._cgroup: Cgroup | None = None
+        self._allowance = 0  # anonymous memory of the worker the interpreter was forked from
 
     def _free(self) -> None:
         if self._own_worker is not None:
-            self.sandbox._discard(self._own_worker)
+            self.sandbox._pool.discard(self._own_worker)
             self._own_worker = None
+        if self._cgroup is not None:
+            self._cgroup.remove()
+            self._cgroup = None
+
+    def _cgroup_fds(self, limits: Limits) -> tuple[int, ...]:
+        """The session's cgroup (one for its whole life, restarts included), bounded by the
+        session's memory: every cell joins it."""
+        sb = self.sandbox
+        if sb._cgroups is None:
+            return ()
+        session_limits = replace(limits, memory_bytes=self.memory_mb * 1024 * 1024)
+        if self._cgroup is None:
+            self._cgroup = sb._new_cgroup("s", session_limits, self._allowance)
+        assert self._cgroup is not None
+        return tuple(self._cgroup.procs_fds())
+
+    def _oom_kills(self) -> int:
+        return self._cgroup.oom_kills() if self._cgroup is not None else 0
 
     async def _new_tree(self) -> Tree:
         sb = self.sandbox
         if sb.warm:
             async with sb._limiter.get():
                 for attempt in range(2):
-                    worker = await sb._wait_worker()
+                    worker = await sb._pool.wait("full")
                     try:
                         tree = await worker.take("session")
                     except SandboxError:
-                        sb._discard(worker)
+                        sb._pool.discard(worker)
                         if attempt:
                             raise
                         continue
-                    sb._release(worker, True)
+                    sb._pool.release(worker, True, sb._closed)
+                    self._allowance = max(self._allowance, worker.anon_bytes)
                     return tree
             raise AssertionError("unreachable")
         # Per-execution mode: a dedicated worker without preloads serves this session only.
         if self._own_worker is None or not self._own_worker.alive():
             if self._own_worker is not None:
-                sb._discard(self._own_worker)
-            self._own_worker = sb._launch(preload=False)
+                sb._pool.discard(self._own_worker)
+            self._own_worker = sb._pool.launch("session", track=False)
             try:
                 await self._own_worker.wait_ready()
             except BaseException:
-                sb._discard(self._own_worker)
+                sb._pool.discard(self._own_worker)
                 self._own_worker = None
                 raise
+        self._allowance = max(self._allowance, self._own_worker.anon_bytes)
         return await self._own_worker.take("session")
+
+
+def _with_oom(result: ExecResult, group: Cgroup | None, before: int) -> ExecResult:
+    """``result``, marked ``memory_exceeded`` when the kernel's OOM killer killed a process of
+    ``group`` since it had killed ``before``."""
+    if group is not None and not result.memory_exceeded and group.oom_kills() > before:
+        return replace(result, memory_exceeded=True)
+    return result
 
 
 def _importable(module: str, site_packages: Sequence[str]) -> bool:
@@ -811,41 +676,3 @@ def _bwrap_supports(bwrap: str, option: str) -> bool:
     except (OSError, subprocess.SubprocessError):
         return False
     return option in text
-
-
-def _new_userns() -> int:
-    """Create a user namespace mapping uids/gids 0 and 65534 to themselves; return an fd to it.
-
-    Root only. The namespace lives as long as the returned descriptor is open.
-    """
-    try:
-        helper = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _UNSHARE_HELPER],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={},
-        )
-    except OSError as exc:
-        raise SandboxError(f"bubblewrap sandbox: cannot start helper: {exc}") from exc
-    assert helper.stdin is not None and helper.stdout is not None
-    try:
-        answer = helper.stdout.read(1)
-        if answer != b"1":
-            rest = os.read(helper.stdout.fileno(), 200) if answer else b""
-            raise SandboxUnavailable(
-                "bubblewrap sandbox: running as root needs a user namespace of its own, but "
-                "unshare(CLONE_NEWUSER) failed: "
-                f"{(answer + rest).decode(errors='replace') or 'no answer'} (user namespaces may "
-                "be disabled: check /proc/sys/user/max_user_namespaces, or run as a non-root user)"
-            )
-        mapping = f"0 0 1\n{SANDBOX_UID} {SANDBOX_UID} 1\n"
-        for name in ("uid_map", "gid_map"):
-            with open(f"/proc/{helper.pid}/{name}", "w") as f:
-                f.write(mapping)
-        return os.open(f"/proc/{helper.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise SandboxUnavailable(
-            f"bubblewrap sandbox: cannot set up a user namespace: {exc}"
-        ) from exc
-    finally:
-        helper.stdin.close()
-        helper.wait()
-        helper.stdout.close()

@@ -29,7 +29,7 @@ def light(**kwargs: Any) -> BubblewrapSandbox:
 
 
 def kill_worker(sb: BubblewrapSandbox) -> None:
-    worker = next(iter(sb._workers))
+    worker = next(iter(sb._pool.workers))
     assert worker.proc is not None
     os.killpg(worker.proc.pid, signal.SIGKILL)
     worker.proc.wait()
@@ -160,7 +160,7 @@ def test_concurrency_is_bounded() -> None:
             async with anyio.create_task_group() as tg:
                 for _ in range(6):
                     tg.start_soon(one)
-            return time.monotonic() - t0, len(sb._workers)
+            return time.monotonic() - t0, len(sb._pool.workers)
 
     elapsed, workers = arun(go)
     assert elapsed >= 0.9 and workers == 2  # 6 runs of 0.3 s through 2 slots: three rounds
