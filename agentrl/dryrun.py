@@ -115,10 +115,10 @@ def _sandbox(recipe: Recipe) -> tuple[str, str]:
     if recipe.sandbox.type == "bubblewrap" and not shutil.which("bwrap"):
         return "error", "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
     if recipe.sandbox.type == "bubblewrap":
-        from agentrl.sandbox import describe_seccomp
+        from agentrl.sandbox import describe_cgroups, describe_seccomp
 
         status = describe_seccomp()
-        return ("error" if "unavailable" in status else "ok"), f"bubblewrap; {status}; limits: rlimits per process (no cgroups yet)"
+        return ("error" if "unavailable" in status else "ok"), f"bubblewrap; {status}; limits: {describe_cgroups()}"
     return "ok", f"{recipe.sandbox.type}"
 
 

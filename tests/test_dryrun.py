@@ -28,3 +28,12 @@ def test_agents_and_models_still_to_be_built_are_not_rendered(tmp_path):
     ok, lines = lines_of({"model": {"path": str(tmp_path / "nothing"), "build": "tiny"}, "sandbox": {"type": "unsafe-local"},
                           "env": {"agent": "agentrl.envs.calc_agent:calc_agent"}})
     assert ok and "context_length_exceeded" in lines["prompt"]
+
+
+def test_the_sandbox_line_says_which_limits_are_in_force(tiny_calc_model):
+    """Root with cgroup v1 here: the bubblewrap sandbox bounds each execution tree with cgroups,
+    under its filter; the line says both."""
+    ok, lines = lines_of({"model": {"path": str(tiny_calc_model)}, "sandbox": {"type": "bubblewrap"}, "eval": {"limit": 0}})
+    line = lines["sandbox"]
+    assert line.split()[0] == "ok" and "allowlist filter" in line, line
+    assert "limits: cgroup v1 (memory, pids, cpu) per execution tree" in line, line

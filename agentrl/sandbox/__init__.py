@@ -35,8 +35,17 @@ Covered:
   the address space the interpreter holds when it is handed the code, on every backend and in every
   mode (a fresh interpreter holds about 10 MB, a warm one with numpy and sympy about 200 MB; one
   implementation, ``agentrl.sandbox._guest.apply_limits``): allocations fail with
-  ``MemoryError`` and ``memory_exceeded`` is set; docker adds a cgroup memory limit per container
-  (no swap). A process killed by SIGKILL the sandbox did not send also counts as memory exceeded.
+  ``MemoryError`` and ``memory_exceeded`` is set. A process killed by SIGKILL the sandbox did not
+  send also counts as memory exceeded.
+* **Resources spread over many processes** (bwrap, docker; ``tests/sandbox/test_cgroups.py``:
+  ``test_a_memory_bomb_spread_over_processes_is_bounded_as_a_whole``, the same in a session,
+  ``test_cpu_spread_over_processes_is_bounded_as_a_whole``). The whole process tree of an execution
+  is in a cgroup of its own (bwrap: :mod:`agentrl.sandbox._cgroups`, v1 or delegated v2, where the
+  host lets the engine create cgroups, else rlimits only and ``agentrl check --dry-run`` says so;
+  docker: the container's): memory without swap (bwrap: ``memory_mb`` plus what copy-on-write may
+  copy of the warm interpreter; docker: ``container_memory_mb``), processes and threads
+  (``max_processes``), CPU (``cpus`` cores). Going over memory OOM-kills a process of the tree and
+  sets ``memory_exceeded`` (bwrap); CPU is throttled.
 * **Infinite loop; sleeping past the deadline** (all; ``test_infinite_loop``,
   ``test_sleeping_past_the_deadline``). A wall-clock deadline per execution (``timeout_s``), plus
   ``RLIMIT_CPU`` just above it; output written before the deadline is kept, ``timed_out`` is set.
@@ -88,12 +97,13 @@ Covered:
 * **The kernel's most attacked interfaces** (bwrap, per-execution and warm mode and sessions;
   docker; ``tests/sandbox/test_seccomp.py``): the user's code runs under a seccomp filter built
   with libseccomp (:mod:`agentrl.sandbox._seccomp`), installed after the sandbox's own setup;
-  Docker containers run under the same list as a seccomp profile instead of Docker's default. It
-  refuses nested user namespaces and every other new namespace (``unshare``, ``clone`` with
-  namespace flags, ``setns``), io_uring, ``bpf``, ``userfaultfd``, ``perf_event_open``, keyrings,
-  ``kexec``, module loading, ``ptrace``, ``mount`` and the new mount API, address-space
-  ``personality`` flags, everything Docker's default profile refuses, and system calls of foreign
-  architectures.
+  Docker containers run under the same filter as a seccomp profile instead of Docker's default. It
+  is an allowlist (a call libseccomp does not know, e.g. one newer than it, answers ``ENOSYS``, as
+  outside Docker's allowlist), and it refuses nested user namespaces and every other new namespace
+  (``unshare``, ``clone`` with namespace flags, ``setns``), io_uring, ``bpf``, ``userfaultfd``,
+  ``perf_event_open``, keyrings, ``kexec``, module loading, ``ptrace``, ``mount`` and the new mount
+  API, address-space ``personality`` flags, everything Docker's default profile refuses, and
+  system calls of foreign architectures.
 
 Not covered:
 
@@ -102,10 +112,13 @@ Not covered:
   Firecracker) where that matters.
 * **Side channels** (timing, caches, Spectre-class speculation) and covert channels between
   concurrent executions or with the host (CPU load, memory pressure, the page cache).
-* **Resource fairness beyond the limits.** bwrap has no cgroups: memory is limited per process (a
-  program may fork up to ``max_processes`` processes of ``memory_mb`` each), tmpfs pages count
-  against host memory, CPU is shared with the host and other executions. Disk and kernel memory
-  are not metered. Docker's cgroup limits are per container.
+* **Resource fairness beyond the limits.** Where bwrap cannot create cgroups (not root, cgroup v2
+  without delegation), memory is limited per process only (a program may fork up to
+  ``max_processes`` processes of ``memory_mb`` each) and CPU is shared with the host and other
+  executions. With cgroups, page cache the code causes is charged to its tree but reclaimable,
+  tmpfs pages count against the tree, disk I/O is not metered, and the cgroup's CPU bound is
+  bandwidth (throttling), not a share of a dedicated core. Docker's cgroup limits are per
+  container.
 * **What is readable.** Everything under the bound paths (``/usr``, the interpreter prefix, the
   site-packages directories) is readable: do not keep secrets there.
 * **Process ids in a reused tree** continue from those of the executions before, so code can
@@ -142,6 +155,7 @@ from agentrl.sandbox.base import (
     SessionSandbox,
     supports_sessions,
 )
+from agentrl.sandbox._cgroups import describe as describe_cgroups
 from agentrl.sandbox._seccomp import describe as describe_seccomp
 from agentrl.sandbox.bubblewrap import BubblewrapSandbox, BubblewrapSession
 from agentrl.sandbox.local import UnsafeLocalSandbox, UnsafeLocalSession
@@ -158,6 +172,7 @@ __all__ = [
     "UnsafeLocalSandbox",
     "UnsafeLocalSession",
     "create_sandbox",
+    "describe_cgroups",
     "describe_seccomp",
     "supports_sessions",
 ]

@@ -148,7 +148,8 @@ class CgroupRoot:
         paths = {}
         for ctrl, d in self.dirs.items():
             p = os.path.join(d, name)
-            os.mkdir(p)
+            if p not in paths.values():  # v2: one directory for every controller
+                os.mkdir(p)
             paths[ctrl] = p
         g = Cgroup(self, paths)
         self._groups.add(g)
@@ -259,9 +260,9 @@ class Cgroup:
         end = time.monotonic() + REMOVE_WAIT_S
         while self.paths:
             self.kill()
-            for ctrl, d in list(self.paths.items()):
+            for d in set(self.paths.values()):
                 if _rmdir(d, quiet=True):
-                    del self.paths[ctrl]
+                    self.paths = {c: p for c, p in self.paths.items() if p != d}
             if not self.paths:
                 break
             if time.monotonic() > end:
@@ -404,9 +405,10 @@ def describe() -> str:
     except CgroupsUnavailable as exc:
         return f"cgroups unavailable ({exc}): rlimits per process only"
     try:
+        parents = sorted({os.path.dirname(d) for d in root.dirs.values()})
         return (
-            f"cgroup v{root.version} ({', '.join(root.controllers)}) per execution tree "
-            f"under {os.path.dirname(next(iter(root.dirs.values())))}, plus rlimits per process"
+            f"cgroup v{root.version} ({', '.join(root.controllers)}) per execution tree, under "
+            f"{', '.join(parents)}; plus rlimits per process"
         )
     finally:
         root.close()

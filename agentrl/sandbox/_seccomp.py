@@ -28,7 +28,11 @@ What it denies (``EPERM``, except ``clone3``: ``ENOSYS``, so that the C library 
   no nested user namespaces, no new namespaces of any kind;
 - ``personality`` with a flag that changes the address space (no ASLR, page zero, executable
   reads...), as Docker's profile refuses them;
-- system calls of any architecture but the native one (the process is killed).
+- system calls of any architecture but the native one (the process is killed);
+- every system call libseccomp does not know (``ENOSYS``, as Docker's profile answers calls
+  outside its allowlist): interfaces newer than the installed libseccomp stay closed until it
+  names them. The filter is an allowlist: each call libseccomp knows for this architecture,
+  less the denied ones, is allowed by a rule of its own.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import tempfile
 
 from agentrl.errors import SandboxUnavailable
 
-__all__ = ["DENIED", "NAMESPACE_FLAGS", "docker_profile", "program", "describe"]
+__all__ = ["DENIED", "NAMESPACE_FLAGS", "allowed", "docker_profile", "program", "describe"]
 
 DENIED: tuple[str, ...] = (
     # Docker's default profile: denied to containers without extra capabilities
@@ -97,14 +101,49 @@ _PERSONA_FLAGS = (
 (the query ``personality(0xffffffff)`` and plain personas stay allowed, as in Docker's profile)."""
 
 
+_PERSONA_ALL = 0
+for _flag in _PERSONA_FLAGS:
+    _PERSONA_ALL |= _flag
+#: The query ``personality(0xffffffff)``, as the register holds it zero- or sign-extended.
+_PERSONA_QUERIES = (0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF)
+#: Arguments that are special-cased rather than simply allowed or denied.
+_CONDITIONAL = ("clone", "clone3", "personality")
+
+
+@functools.cache
+def allowed() -> tuple[str, ...]:
+    """The system calls allowed outright: every one libseccomp knows for the native architecture,
+    less :data:`DENIED` and the conditional ones (``clone``, ``clone3``, ``personality``)."""
+    sc = _seccomp()
+    denied = set(DENIED) | set(_CONDITIONAL)
+    names = []
+    for number in range(1024):
+        try:
+            name = sc.resolve_syscall(sc.Arch.NATIVE, number)
+        except (RuntimeError, ValueError, OSError):
+            continue
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        if name and name not in denied:
+            names.append(name)
+    return tuple(dict.fromkeys(names))
+
+
 @functools.cache
 def program() -> bytes:
     """The filter as a classic BPF program (what ``prctl(PR_SET_SECCOMP)`` loads), built once per
     process by libseccomp for the native architecture only: a system call made through another
     architecture's entry (32-bit ``int 0x80`` on x86-64, x32) kills the process (libseccomp's
-    default for a foreign architecture)."""
+    default for a foreign architecture). Calls it does not name are refused with ``ENOSYS``;
+    rules are laid out as a binary tree (libseccomp's optimization level 2), so a call costs a
+    few comparisons however long the allowlist."""
     sc = _seccomp()
-    f = sc.SyscallFilter(sc.ALLOW)
+    f = sc.SyscallFilter(sc.ERRNO(errno.ENOSYS))
+    try:
+        f.set_attr(sc.Attr.CTL_OPTIMIZE, 2)
+    except (RuntimeError, ValueError, OSError):  # libseccomp < 2.5: a linear filter, still correct
+        pass
+    for name in allowed():
+        f.add_rule(sc.ALLOW, name)
     deny = sc.ERRNO(errno.EPERM)
     for name in dict.fromkeys(DENIED):
         try:
@@ -115,9 +154,14 @@ def program() -> bytes:
     for bit in range(32):
         if NAMESPACE_FLAGS >> bit & 1:
             f.add_rule(deny, "clone", sc.Arg(0, sc.MASKED_EQ, 1 << bit, 1 << bit))
-    f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")  # flags behind a pointer: make the C library use clone
+    f.add_rule(sc.ALLOW, "clone", sc.Arg(0, sc.MASKED_EQ, NAMESPACE_FLAGS, 0))
+    # clone3 (its flags are behind a pointer, out of the filter's reach) falls to the default,
+    # ENOSYS, which makes the C library use clone.
     for flag in _PERSONA_FLAGS:  # the flag set, and bit 31 clear (bit 31 set: the query 0xffffffff)
         f.add_rule(deny, "personality", sc.Arg(0, sc.MASKED_EQ, flag | 0x80000000, flag))
+    f.add_rule(sc.ALLOW, "personality", sc.Arg(0, sc.MASKED_EQ, _PERSONA_ALL, 0))
+    for query in _PERSONA_QUERIES:
+        f.add_rule(sc.ALLOW, "personality", sc.Arg(0, sc.EQ, query))
     with tempfile.TemporaryFile() as out:
         f.export_bpf(out)
         out.seek(0)
@@ -130,29 +174,45 @@ _DOCKER_ARCH = {"x86_64": "SCMP_ARCH_X86_64", "aarch64": "SCMP_ARCH_AARCH64", "a
 
 @functools.cache
 def docker_profile() -> str:
-    """The same filter as a Docker seccomp profile (JSON, for ``--security-opt seccomp=...``):
-    everything :func:`program` refuses, for the native architecture only (a system call of
-    another architecture is refused as Docker refuses unlisted architectures). The container's
-    own machinery (the runner, the reaper) needs none of these calls."""
+    """The same filter as a Docker seccomp profile (JSON, for ``--security-opt seccomp=...``): the
+    same allowlist, denials and conditions as :func:`program`, unknown calls refused with
+    ``ENOSYS``, for the native architecture only (a system call of another architecture is refused
+    as Docker refuses unlisted architectures). The container's own machinery (the runner, the
+    reaper) needs none of the denied calls."""
     import json
     import platform
 
     def masked(flag: int) -> dict[str, object]:
         return {"index": 0, "value": flag, "valueTwo": flag, "op": "SCMP_CMP_MASKED_EQ"}
 
-    syscalls: list[dict[str, object]] = [{"names": sorted(set(DENIED)), "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM}]
+    syscalls: list[dict[str, object]] = [
+        {"names": list(allowed()), "action": "SCMP_ACT_ALLOW"},
+        {"names": sorted(set(DENIED)), "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM},
+    ]
     syscalls += [
         {"names": ["clone"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM, "args": [masked(1 << bit)]}
         for bit in range(32) if NAMESPACE_FLAGS >> bit & 1
     ]
+    syscalls.append({"names": ["clone"], "action": "SCMP_ACT_ALLOW", "args": [
+        {"index": 0, "value": NAMESPACE_FLAGS, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}]})
     syscalls.append({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS})
     syscalls += [
         {"names": ["personality"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM,
          "args": [{"index": 0, "value": flag | 0x80000000, "valueTwo": flag, "op": "SCMP_CMP_MASKED_EQ"}]}
         for flag in _PERSONA_FLAGS
     ]
+    syscalls += [
+        {"names": ["personality"], "action": "SCMP_ACT_ALLOW", "args": [arg]}
+        for arg in (
+            {"index": 0, "value": _PERSONA_ALL, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"},
+            *({"index": 0, "value": q, "valueTwo": 0, "op": "SCMP_CMP_EQ"} for q in _PERSONA_QUERIES),
+        )
+    ]
     arch = _DOCKER_ARCH.get(platform.machine())
-    profile = {"defaultAction": "SCMP_ACT_ALLOW", "architectures": [arch] if arch else [], "syscalls": syscalls}
+    profile = {
+        "defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": errno.ENOSYS,
+        "architectures": [arch] if arch else [], "syscalls": syscalls,
+    }
     return json.dumps(profile, separators=(",", ":"))
 
 
@@ -162,4 +222,7 @@ def describe() -> str:
         n = len(program()) // 8
     except SandboxUnavailable as exc:
         return f"seccomp: unavailable ({exc})"
-    return f"seccomp: {n}-instruction filter (libseccomp), namespaces, io_uring, bpf, ptrace, mount API and {len(set(DENIED))} calls denied"
+    return (
+        f"seccomp: {n}-instruction allowlist filter (libseccomp; {len(allowed())} calls allowed), "
+        f"namespaces, io_uring, bpf, ptrace, mount API and {len(set(DENIED))} calls denied, unknown calls refused"
+    )
