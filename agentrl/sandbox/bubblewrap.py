@@ -290,6 +290,7 @@ class BubblewrapSandbox(SandboxBase):
                     self.cgroup_mode = f"off ({exc})"
                     log.info("BubblewrapSandbox: no cgroups, rlimits only: %s", exc)
         self._cgroup_names = itertools.count()
+        self._cold_groups: list[Cgroup] = []
         #: Counters (see :class:`PoolStats`).
         self.stats = PoolStats()
         self._router = ImportRouter(self.preload) if (lean_workers and self.preload) else None
@@ -365,12 +366,15 @@ class BubblewrapSandbox(SandboxBase):
 
     async def _run_cold(self, code: str, timeout: float, limits: Limits) -> ExecResult:
         self.stats.cold_runs += 1
-        group = self._new_cgroup("x", limits, 0)
+        group = self._cold_cgroup(limits)
         try:
             return await self._run_cold_in(code, timeout, limits, group)
         finally:
-            if group is not None:
-                group.remove()
+            if group is not None:  # reused unless something of the execution is left in it
+                if group.processes() or self._closed:
+                    group.remove()
+                else:
+                    self._cold_groups.append(group)
 
     async def _run_cold_in(self, code: str, timeout: float, limits: Limits, group: Cgroup | None) -> ExecResult:
         userns = self._take_userns()
@@ -490,6 +494,21 @@ class BubblewrapSandbox(SandboxBase):
             memory_bytes=limits.memory_bytes + allowance + CGROUP_SLACK_BYTES,
             pids=limits.nproc, cpus=self.cpus,
         )
+
+    def _cold_cgroup(self, limits: Limits) -> Cgroup | None:
+        """A cgroup for one per-execution container (kept and reused: creating and removing
+        memory cgroups costs milliseconds), bounded to ``limits``."""
+        if self._cgroups is None:
+            return None
+        if not self._cold_groups:
+            return self._new_cgroup("x", limits, 0)
+        group = self._cold_groups.pop()
+        try:
+            self._bound(group, limits, 0)
+        except OSError as exc:
+            group.remove()
+            raise SandboxError(f"bubblewrap sandbox: cannot set a cgroup's limits: {exc}") from exc
+        return group
 
     def _worker_cgroup(self, worker: WarmWorker, limits: Limits) -> Cgroup | None:
         """The cgroup a warm worker's one-shot executions run in (one at a time), bounded to
