@@ -16,7 +16,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, model_validator
 
 from agentrl.errors import ConfigError
 
@@ -208,6 +208,10 @@ class GeneratorConfig(_Section):
     offer them, e.g. ``{gen_node = 1}`` for nodes started with ``--resources``)."""
     cpu_threads_bind: str = "auto"
     """``VLLM_CPU_OMP_THREADS_BIND`` for CPU engines: ``auto``, ``all`` or a core list like ``0-1``."""
+    cpu_affinity: list[NonNegativeInt] | None = Field(None, min_length=1)
+    """Pin each generator actor to these CPU cores (Linux CPU affinity: every thread of the actor's process,
+    inherited by the processes it starts: vLLM's engine processes); None: not pinned. Gives generation and
+    training cores of their own on one machine (``benchmarks/async_vs_sync.py --split``)."""
     timeout_s: float = Field(300.0, gt=0)
     """Longest wait for one generation call or a weight update, seconds."""
     startup_timeout_s: float = Field(600.0, gt=0)
@@ -274,6 +278,10 @@ class RolloutConfig(_Section):
     """Stop strings that end a turn (kept in the output), e.g. the end of a tool call."""
     num_cpus: float = Field(0.5, gt=0)
     """Ray CPUs reserved per rollout worker."""
+    cpu_affinity: list[NonNegativeInt] | None = Field(None, min_length=1)
+    """Pin each rollout worker to these CPU cores (Linux CPU affinity: every thread of the actor's process,
+    inherited by the processes it starts: its sandboxes); None: not pinned. Gives generation and
+    training cores of their own on one machine (``benchmarks/async_vs_sync.py --split``)."""
     episode_timeout_s: float = Field(3600.0, gt=0)
     """Longest wait for one group of episodes, seconds: all its samples, every turn, tool calls
     included, on an engine shared with every other episode in flight. A group that runs out is
@@ -333,6 +341,10 @@ class LearnerConfig(_Section):
     """Longest wait for the cluster to place every learner rank, seconds."""
     torch_threads: int = Field(1, gt=0)
     """torch intra-op threads per rank on CPU."""
+    cpu_affinity: list[NonNegativeInt] | None = Field(None, min_length=1)
+    """Pin each learner rank to these CPU cores (Linux CPU affinity: every thread of the actor's process,
+    inherited by the processes it starts); None: not pinned. Gives generation and
+    training cores of their own on one machine (``benchmarks/async_vs_sync.py --split``)."""
     timeout_s: float = Field(900.0, gt=0)
     """Longest wait for one training step or weight publication, seconds."""
     keep_versions: int = Field(3, gt=0)

@@ -15,6 +15,14 @@ the speed-up vs sync as the median (and min / max) of the per-repeat ratios
 cancels the drift between repeats, a ratio of medians would not. The default of 5 repeats
 makes each median a real middle run with two on either side (with 2 it is just their mean).
 
+``--split`` gives generation and training CPU cores of their own, the same in every mode: the
+generator actor and vLLM's engine processes on core 0 (``generator.cpu_affinity``, vLLM's
+OpenMP threads bound there too), the learner on core 1 (``learner.cpu_affinity``, one torch
+thread), the rollout worker and its sandboxes with the generator (``rollout.cpu_affinity``), and
+the controller (this command's ``agentrl train``, Ray's own processes) on core 1 (``taskset``):
+on a 2-core machine the nearest thing to a generation device and a training device. Each run's
+processes are checked on ``/proc`` to really be on their cores.
+
 The same text is printed and, with ``--write``, put in ``benchmarks/RESULTS.md`` in a marked
 block of its own (key ``async_vs_sync`` plus the ``--set`` overrides; first written at the end of
 the "async vs sync" section, the prose around it is written by people): the exact command, the
@@ -48,7 +56,17 @@ Run = dict[str, float]
 """One ``agentrl train`` run, as :func:`run_once` measures it."""
 
 
-def run_once(mode: str, staleness: int, steps: int, model: Path, workdir: Path, extra: list[str]) -> Run:
+#: ``--split``: the recipe overrides that give generation core 0 and training core 1.
+SPLIT = [
+    "generator.cpu_affinity=[0]", 'generator.cpu_threads_bind="0"',
+    "learner.cpu_affinity=[1]", "learner.torch_threads=1",
+    "rollout.cpu_affinity=[0]",
+]
+#: ``--split``: the core of the controller (``taskset``; Ray's processes inherit it).
+SPLIT_CONTROLLER = "1"
+
+
+def run_once(mode: str, staleness: int, steps: int, model: Path, workdir: Path, extra: list[str], split: bool = False) -> Run:
     """Train ``steps`` learner steps in ``mode`` with ``algo.max_staleness = staleness`` and read
     the run's ``metrics.jsonl``. Returns ``wall_s`` (RL loop: loop start to the last step's
     record, seconds), ``samples`` (trained samples, all steps), ``samples_per_s``,
@@ -60,9 +78,16 @@ def run_once(mode: str, staleness: int, steps: int, model: Path, workdir: Path, 
         str(REPO / "recipes" / "tiny_calc.toml"), str(run_dir), str(model),
         f"mode={mode}", f"algo.max_staleness={staleness}", "sft.steps=0", "eval.limit=0", f"learner.max_steps={steps}",
         "learner.max_degenerate_steps=0",  # an untrained model: no reward, every step degenerate; throughput is what is measured
-        *extra,
+        *(SPLIT if split else []), *extra,
     )
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600, check=False)
+    if split:
+        cmd = ["taskset", "-c", SPLIT_CONTROLLER, *cmd]
+    out_path, err_path = workdir / f"{run_dir.name}.out", workdir / f"{run_dir.name}.err"
+    with out_path.open("w") as out, err_path.open("w") as err:
+        child = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=err, text=True)
+        placement = _watch_placement(child) if split else {}
+        child.wait(timeout=3600)
+    proc = subprocess.CompletedProcess(cmd, child.returncode, out_path.read_text(), err_path.read_text())
     if proc.returncode:
         raise SystemExit(f"{mode} run failed:\n{proc.stderr[-3000:]}")
     recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -72,10 +97,42 @@ def run_once(mode: str, staleness: int, steps: int, model: Path, workdir: Path, 
     wall = steps_[-1]["time"] - start
     stale = sum(int(k) * v for r in steps_ for k, v in r["staleness_hist"].items()) / max(1, samples)
     util = next(r for r in recs if r["kind"] == "utilisation")
+    if split and not placement.get("ok"):
+        raise SystemExit(f"--split: the processes were not on their cores: {placement}")
     return {
         "wall_s": wall, "samples": samples, "samples_per_s": samples / wall, "mean_staleness": stale,
         "gen_busy": util["generator_busy_fraction"], "learner_busy": util["learner_busy_fraction"],
     }
+
+
+def _watch_placement(proc: subprocess.Popen[str], within_s: float = 600.0) -> dict[str, object]:
+    """While ``proc`` (an ``agentrl train``) runs, find its generator (vLLM engine core), learner
+    and rollout processes on ``/proc`` (by their Ray actor names in the command line, or vLLM's
+    process title) and read their CPU affinity. ``ok``: each found, each on its cores."""
+    import os
+
+    want = {"generator": {0}, "learner": {1}, "rollout": {0}}
+    seen: dict[str, set[int]] = {}
+    deadline = time.monotonic() + within_s
+    while proc.poll() is None and time.monotonic() < deadline and len(seen) < len(want):
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                comm = Path(f"/proc/{pid}/comm").read_text().strip()
+                cpus = os.sched_getaffinity(int(pid))
+            except OSError:
+                continue
+            if "EngineCor" in comm or "EngineCore" in cmdline:
+                seen["generator"] = cpus
+            elif "ray::Learner" in cmdline:
+                seen["learner"] = cpus
+            elif "ray::RolloutWorker" in cmdline:
+                seen["rollout"] = cpus
+        time.sleep(1.0)
+    ok = len(seen) == len(want) and all(seen[k] == v for k, v in want.items())
+    return {"ok": ok, **{k: sorted(v) for k, v in seen.items()}}
 
 
 def speedups(results: dict[Config, list[Run]], base: Config = ("sync", 0)) -> dict[Config, list[float]]:
@@ -134,6 +191,12 @@ def format_block(results: dict[Config, list[Run]], args: argparse.Namespace, sta
         "run's `utilisation` record (generator: at least one request in flight; learner: training or writing the new "
         "version)."
     )
+    if args.split:
+        head += (
+            " **Split CPU sets** (`--split`): generator and vLLM's engine processes on core 0 (its OpenMP threads "
+            "bound there), rollout worker and sandboxes on core 0, learner on core 1 (one torch thread), controller and "
+            "Ray's processes on core 1 (`taskset`), the same in every mode; each run's placement checked on /proc."
+        )
     return head + "\n\n" + format_table(results, args.steps)
 
 
@@ -149,6 +212,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="runs of every mode, interleaved (min / median / max over them)")
     ap.add_argument("--staleness", type=int, nargs="+", default=[1, 2, 4], help="max_staleness bounds of the async runs (each >= 1)")
     ap.add_argument("--set", dest="extra", action="append", default=[], help="extra recipe override (section.key=value), every run")
+    ap.add_argument("--split", action="store_true", help="generation on core 0, training on core 1 (see the module docstring)")
     ap.add_argument("--write", action="store_true", help="put the command, date, machine and table in benchmarks/RESULTS.md (a block of its own)")
     args = ap.parse_args()
     if args.repeats < 1 or args.steps < 1:
@@ -166,9 +230,9 @@ def main() -> None:
         results: dict[Config, list[Run]] = {c: [] for c in configs}
         for _ in range(args.repeats):
             for mode, s in configs:
-                results[(mode, s)].append(run_once(mode, s, args.steps, model, work / "runs", extra))
+                results[(mode, s)].append(run_once(mode, s, args.steps, model, work / "runs", extra, args.split))
     text = format_block(results, args, started)
-    emit(text, block_key(extra), args.write, section="async vs sync")
+    emit(text, block_key([*(["--split"] if args.split else []), *extra]), args.write, section="async vs sync")
 
 
 if __name__ == "__main__":

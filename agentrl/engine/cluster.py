@@ -13,20 +13,26 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["ACTOR_LOG_ENV", "actor_died", "kill", "new_actor", "redirect_actor_output", "shutdown_all", "start_ray", "stop_ray"]
+__all__ = ["ACTOR_CPUS_ENV", "ACTOR_LOG_ENV", "actor_died", "pin_process", "kill", "new_actor", "redirect_actor_output", "shutdown_all", "start_ray", "stop_ray"]
 
 ACTOR_LOG_ENV = "AGENTRL_ACTOR_LOG"
 """The environment variable that names an actor's log file (set per actor in its runtime env)."""
+ACTOR_CPUS_ENV = "AGENTRL_ACTOR_CPUS"
+"""The environment variable that pins an actor to CPU cores (comma-separated; set per actor)."""
 
 
 def redirect_actor_output() -> None:
-    """Ray ``worker_process_setup_hook`` of every engine actor: send the process's stdout and
-    stderr (file descriptors 1 and 2, inherited by vLLM's engine processes) to the file named by
+    """Ray ``worker_process_setup_hook`` of every engine actor: pin the process to the cores named
+    by :data:`ACTOR_CPUS_ENV` (:func:`pin_process`), and send its stdout and stderr (file
+    descriptors 1 and 2, inherited by vLLM's engine processes) to the file named by
     :data:`ACTOR_LOG_ENV`, appending. Run once when the actor's process starts; without the
-    variable it does nothing (the output stays with Ray)."""
+    variables it does nothing (the output stays with Ray)."""
     import os
     import sys
 
+    cpus = os.environ.get(ACTOR_CPUS_ENV)
+    if cpus:
+        pin_process({int(c) for c in cpus.split(",")})
     path = os.environ.get(ACTOR_LOG_ENV)
     if not path:
         return
@@ -37,6 +43,27 @@ def redirect_actor_output() -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+
+
+def pin_process(cpus: set[int]) -> None:
+    """Pin every thread of this process to ``cpus`` (threads and processes started later inherit
+    it). Cores this machine does not have are left out; if none is left, nothing is pinned and a
+    warning says so."""
+    import logging
+    import os
+
+    usable = cpus & os.sched_getaffinity(0)
+    if not usable:
+        logging.getLogger(__name__).warning(
+            "cpu_affinity %s: none of these cores is available here (%s); not pinned",
+            sorted(cpus), sorted(os.sched_getaffinity(0)),
+        )
+        return
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), usable)
+        except OSError:  # a thread that just ended
+            pass
 
 
 def start_ray(init_kwargs: dict[str, Any]) -> bool:

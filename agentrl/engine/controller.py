@@ -160,7 +160,7 @@ class Controller:
             log.event(f"learner ready: {learner_info}", learners=learner_info)
         kwargs = wiring.worker_kwargs(r, tokenizer=tokenizer, run_dir=self.run_dir.root)
         fleet.workers = [
-            new_actor(RolloutWorker, {"num_cpus": r.rollout.num_cpus, "runtime_env": wiring.actor_runtime_env(self.run_dir.logs, f"rollout-{i}")},
+            new_actor(RolloutWorker, {"num_cpus": r.rollout.num_cpus, "runtime_env": wiring.actor_runtime_env(self.run_dir.logs, f"rollout-{i}", r.rollout.cpu_affinity)},
                       generators=fleet.generators, **kwargs)
             for i in range(r.rollout.num_workers)
         ]
@@ -211,7 +211,7 @@ class Controller:
         return LearnerGroup(
             num_ranks=lcfg.num_ranks,
             factory=lambda rank, kwargs, options: new_actor(
-                Learner, {**options, "runtime_env": wiring.actor_runtime_env(logs, f"learner-{rank}")}, **kwargs),
+                Learner, {**options, "runtime_env": wiring.actor_runtime_env(logs, f"learner-{rank}", lcfg.cpu_affinity)}, **kwargs),
             placement=lambda: LearnerPlacement(
                 learner_bundles(lcfg.num_ranks, lcfg.num_cpus, lcfg.num_gpus, lcfg.resources), lcfg.placement_timeout_s
             ),

@@ -45,14 +45,17 @@ JOB_RUNTIME_ENV: dict[str, Any] = {"worker_process_setup_hook": "agentrl.engine.
 job level only), which sends the output of actors given a log file to that file."""
 
 
-def actor_runtime_env(log_dir: Path, name: str) -> dict[str, Any]:
+def actor_runtime_env(log_dir: Path, name: str, cpus: list[int] | None = None) -> dict[str, Any]:
     """The Ray ``runtime_env`` of the engine actor ``name`` (``generator-0``, ``learner-1``,
-    ``rollout-0``): :data:`ACTOR_ENV_VARS`, and its output (vLLM's, Ray's, transformers')
-    appended to ``log_dir/<name>.log`` instead of the console (by the job's setup hook,
-    :data:`JOB_RUNTIME_ENV`)."""
-    from agentrl.engine.cluster import ACTOR_LOG_ENV
+    ``rollout-0``): :data:`ACTOR_ENV_VARS`, its output (vLLM's, Ray's, transformers') appended to
+    ``log_dir/<name>.log`` instead of the console, and its process pinned to ``cpus`` when given
+    (both by the job's setup hook, :data:`JOB_RUNTIME_ENV`)."""
+    from agentrl.engine.cluster import ACTOR_CPUS_ENV, ACTOR_LOG_ENV
 
-    return {"env_vars": {**ACTOR_ENV_VARS, ACTOR_LOG_ENV: str(Path(log_dir).resolve() / f"{name}.log")}}
+    env = {**ACTOR_ENV_VARS, ACTOR_LOG_ENV: str(Path(log_dir).resolve() / f"{name}.log")}
+    if cpus:
+        env[ACTOR_CPUS_ENV] = ",".join(str(c) for c in cpus)
+    return {"env_vars": env}
 
 
 def ray_init_kwargs(recipe: Recipe) -> dict[str, Any]:
@@ -223,7 +226,7 @@ def generator_actor(recipe: Recipe, settings: EngineSettings, version: int, inde
     checkpoint, a replacement mid-run); a hub id is taken to be what the server serves. Its
     output goes to ``log_dir/generator-<index>.log``."""
     g = recipe.generator
-    runtime_env = actor_runtime_env(log_dir, f"generator-{index}")
+    runtime_env = actor_runtime_env(log_dir, f"generator-{index}", g.cpu_affinity)
     if g.backend == "http":
         from agentrl.engine.http_generator import HttpGenerator
 
