@@ -23,6 +23,13 @@ the controller (this command's ``agentrl train``, Ray's own processes) on core 1
 on a 2-core machine the nearest thing to a generation device and a training device. Each run's
 processes are checked on ``/proc`` to really be on their cores.
 
+``--sweep KEY=V1,V2,...`` repeats the comparison at each value of one recipe key that moves the
+balance between generation and training (``algo.updates_per_batch``: optimizer passes over each
+batch, so training cost grows while generation stays the same), and prints, beside each measured
+speed-up, what the simple model predicts from the same repeat's sync run: sync ≈ gen + train,
+async ≈ max(gen, train), so speed-up ≈ (g + t) / max(g, t), with g and t the generator's and the
+learner's busy time in sync (each busy fraction × the sync wall-clock).
+
 The same text is printed and, with ``--write``, put in ``benchmarks/RESULTS.md`` in a marked
 block of its own (key ``async_vs_sync`` plus the ``--set`` overrides; first written at the end of
 the "async vs sync" section, the prose around it is written by people): the exact command, the
@@ -108,13 +115,15 @@ def run_once(mode: str, staleness: int, steps: int, model: Path, workdir: Path, 
 def _watch_placement(proc: subprocess.Popen[str], within_s: float = 600.0) -> dict[str, object]:
     """While ``proc`` (an ``agentrl train``) runs, find its generator (vLLM engine core), learner
     and rollout processes on ``/proc`` (by their Ray actor names in the command line, or vLLM's
-    process title) and read their CPU affinity. ``ok``: each found, each on its cores."""
+    process title) and read their CPU affinity every few seconds until it ends (the last reading
+    counts: Ray may start a worker before it becomes an actor and is pinned). ``ok``: each found,
+    each on its cores."""
     import os
 
     want = {"generator": {0}, "learner": {1}, "rollout": {0}}
     seen: dict[str, set[int]] = {}
     deadline = time.monotonic() + within_s
-    while proc.poll() is None and time.monotonic() < deadline and len(seen) < len(want):
+    while proc.poll() is None and time.monotonic() < deadline:  # the last look counts
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
                 continue
@@ -130,7 +139,7 @@ def _watch_placement(proc: subprocess.Popen[str], within_s: float = 600.0) -> di
                 seen["learner"] = cpus
             elif "ray::RolloutWorker" in cmdline:
                 seen["rollout"] = cpus
-        time.sleep(1.0)
+        time.sleep(3.0)
     ok = len(seen) == len(want) and all(seen[k] == v for k, v in want.items())
     return {"ok": ok, **{k: sorted(v) for k, v in seen.items()}}
 
@@ -200,6 +209,38 @@ def format_block(results: dict[Config, list[Run]], args: argparse.Namespace, sta
     return head + "\n\n" + format_table(results, args.steps)
 
 
+def model_speedup(sync: Run) -> float:
+    """The simple model's speed-up of async over this sync run: (g + t) / max(g, t), where g and t
+    are the busy fractions of the generator and the learner (the wall-clock cancels)."""
+    g, t = sync["gen_busy"], sync["learner_busy"]
+    return (g + t) / max(g, t, 1e-9)
+
+
+def format_sweep(key: str, points: dict[str, dict[Config, list[Run]]], staleness: int) -> str:
+    """One row per value of ``key``: sync's and async's median samples/s, the busy fractions in
+    sync, the measured speed-up (median and range of per-repeat ratios) and the simple model's
+    (median of the per-repeat predictions)."""
+    lines = [
+        f"Sweep of `{key}` (async at max_staleness {staleness}); busy fractions are sync's medians; model: "
+        "(g + t) / max(g, t) from each repeat's sync run.",
+        "",
+        f"| {key} | sync samples/s | async samples/s | sync: generator busy | sync: learner busy | "
+        "speed-up measured (median, min–max) | speed-up model (median) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for value, results in points.items():
+        sync, asy = results[("sync", 0)], results[("async", staleness)]
+        ups = speedups(results)[("async", staleness)]
+        lines.append(
+            f"| {value} | {statistics.median(r['samples_per_s'] for r in sync):.1f} | "
+            f"{statistics.median(r['samples_per_s'] for r in asy):.1f} | "
+            f"{statistics.median(r['gen_busy'] for r in sync):.0%} | {statistics.median(r['learner_busy'] for r in sync):.0%} | "
+            f"{statistics.median(ups):.2f}x ({min(ups):.2f}–{max(ups):.2f}) | "
+            f"{statistics.median(model_speedup(r) for r in sync):.2f}x |"
+        )
+    return "\n".join(lines)
+
+
 def block_key(extra: list[str]) -> str:
     """The RESULTS.md block this run's ``--write`` replaces: ``async_vs_sync`` plus the
     ``--set`` overrides (runs with other overrides get blocks of their own)."""
@@ -212,6 +253,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="runs of every mode, interleaved (min / median / max over them)")
     ap.add_argument("--staleness", type=int, nargs="+", default=[1, 2, 4], help="max_staleness bounds of the async runs (each >= 1)")
     ap.add_argument("--set", dest="extra", action="append", default=[], help="extra recipe override (section.key=value), every run")
+    ap.add_argument("--sweep", metavar="KEY=V1,V2,...", help="compare sync and async (the first --staleness) at each value of one recipe key")
     ap.add_argument("--split", action="store_true", help="generation on core 0, training on core 1 (see the module docstring)")
     ap.add_argument("--write", action="store_true", help="put the command, date, machine and table in benchmarks/RESULTS.md (a block of its own)")
     args = ap.parse_args()
@@ -227,6 +269,22 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "agentrl.cli", "model", "init", "tiny", str(model)], check=True, cwd=REPO, capture_output=True)
         (work / "runs").mkdir()
         configs: list[Config] = [("sync", 0), *(("async", s) for s in dict.fromkeys(args.staleness))]
+        if args.sweep:
+            key, _, values = args.sweep.partition("=")
+            if not key or not values:
+                raise SystemExit("--sweep takes KEY=V1,V2,...")
+            configs = configs[:2]
+            points: dict[str, dict[Config, list[Run]]] = {v: {c: [] for c in configs} for v in values.split(",")}
+            for _ in range(args.repeats):  # every value and mode once per repeat, interleaved
+                for value, results in points.items():
+                    for mode, s in configs:
+                        results[(mode, s)].append(run_once(mode, s, args.steps, model, work / "runs", [*extra, f"{key}={value}"], args.split))
+            text = format_block(next(iter(points.values())), args, started).split("\n\n")[0]
+            text += "\n\n" + format_sweep(key, points, configs[1][1])
+            for value, results in points.items():
+                text += f"\n\n`{key}={value}`: " + format_table(results, args.steps)
+            emit(text, block_key([*(["--split"] if args.split else []), f"--sweep {key}", *extra]), args.write, section="async vs sync")
+            return
         results: dict[Config, list[Run]] = {c: [] for c in configs}
         for _ in range(args.repeats):
             for mode, s in configs:

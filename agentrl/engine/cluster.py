@@ -52,11 +52,12 @@ def pin_process(cpus: set[int]) -> None:
     import logging
     import os
 
-    usable = cpus & os.sched_getaffinity(0)
+    machine = set(range(os.cpu_count() or 1))  # not the inherited affinity: pinning may widen it
+    usable = cpus & machine
     if not usable:
         logging.getLogger(__name__).warning(
-            "cpu_affinity %s: none of these cores is available here (%s); not pinned",
-            sorted(cpus), sorted(os.sched_getaffinity(0)),
+            "cpu_affinity %s: none of these cores is on this machine (%s); not pinned",
+            sorted(cpus), sorted(machine),
         )
         return
     for tid in os.listdir("/proc/self/task"):

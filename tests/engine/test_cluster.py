@@ -48,6 +48,11 @@ def test_the_setup_hook_pins_every_thread_and_the_children_to_the_actors_cores()
                          env={**os.environ, ACTOR_CPUS_ENV: "1"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["[1] [1]", "[1]"]
+    # started on core 0 only (as Ray's processes are when the controller runs under taskset): the
+    # actor's own cores still win
+    moved = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=60, env={**os.environ, ACTOR_CPUS_ENV: "1"})
+    assert moved.stdout.splitlines() == ["[1] [1]", "[1]"], moved.stderr
     # a core this machine does not have: a warning, and nothing pinned
     none = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={**os.environ, ACTOR_CPUS_ENV: "4096"})
