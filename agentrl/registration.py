@@ -19,6 +19,7 @@ BUILTIN_ENVS: dict[str, str] = {
     "agentrl/Calc-v0": "agentrl.envs.calc:CalcEnv",
     "agentrl/MathTool-v0": "agentrl.envs.math_envs:MathToolEnv",
     "agentrl/Math-v0": "agentrl.envs.math_envs:MathEnv",
+    "agentrl/Turns-v0": "agentrl.envs.turns:TurnsEnv",
 }
 """Environment ids and their entry points (``module:Class``)."""
 

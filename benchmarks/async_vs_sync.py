@@ -1,7 +1,7 @@
 """Async (bounded staleness) against sync (on-policy) RL: wall-clock for the same samples.
 
-Runs ``agentrl train`` on the same recipe (``recipes/tiny_calc.toml`` with an untrained tiny
-model: no SFT, no evaluation), seed and number of learner steps (hence the same number of trained
+Runs ``agentrl train`` on the same recipe (``--recipe``, default ``recipes/tiny_calc.toml``, with
+``--model``, default an untrained tiny model: no SFT, no evaluation), seed and number of learner steps (hence the same number of trained
 samples) in ``sync`` mode (``max_staleness = 0``: generate a batch, train, update, repeat) and in
 ``async`` mode with each ``--staleness`` bound (default 1, 2 and 4). Each repeat runs every mode
 once, one after the other, so the modes are interleaved and drift of the machine hits them alike.
@@ -73,7 +73,10 @@ SPLIT = [
 SPLIT_CONTROLLER = "1"
 
 
-def run_once(mode: str, staleness: int, steps: int, model: Path, workdir: Path, extra: list[str], split: bool = False) -> Run:
+def run_once(
+    mode: str, staleness: int, steps: int, model: Path, workdir: Path, extra: list[str], split: bool = False,
+    recipe: Path = REPO / "recipes" / "tiny_calc.toml",
+) -> Run:
     """Train ``steps`` learner steps in ``mode`` with ``algo.max_staleness = staleness`` and read
     the run's ``metrics.jsonl``. Returns ``wall_s`` (RL loop: loop start to the last step's
     record, seconds), ``samples`` (trained samples, all steps), ``samples_per_s``,
@@ -82,7 +85,7 @@ def run_once(mode: str, staleness: int, steps: int, model: Path, workdir: Path, 
     record)."""
     run_dir = workdir / f"{mode}-{staleness}-{len(list(workdir.iterdir()))}"
     cmd = train_command(
-        str(REPO / "recipes" / "tiny_calc.toml"), str(run_dir), str(model),
+        str(recipe), str(run_dir), str(model),
         f"mode={mode}", f"algo.max_staleness={staleness}", "sft.steps=0", "eval.limit=0", f"learner.max_steps={steps}",
         "learner.max_degenerate_steps=0",  # an untrained model: no reward, every step degenerate; throughput is what is measured
         *(SPLIT if split else []), *extra,
@@ -194,7 +197,8 @@ def format_block(results: dict[Config, list[Run]], args: argparse.Namespace, sta
     command, the span from ``started``, a ``time.time()`` value, to now, and the machine), the
     setup and repeats, then :func:`format_table`."""
     head = (
-        f"{run_header(started)}. `recipes/tiny_calc.toml` with an untrained tiny model (no SFT, no evaluation), same "
+        f"{run_header(started)}. `{Path(args.recipe).resolve().relative_to(REPO)}` with "
+        f"{'`' + str(args.model) + '`' if args.model else 'an untrained tiny model'} (no SFT, no evaluation), same "
         f"seed in every run; {args.repeats} repeats, each running every mode once, interleaved. RL wall-clock runs from "
         "the first step's start to the last step's end (engine start-up excluded); the busy fractions come from the "
         "run's `utilisation` record (generator: at least one request in flight; learner: training or writing the new "
@@ -254,6 +258,8 @@ def main() -> None:
     ap.add_argument("--staleness", type=int, nargs="+", default=[1, 2, 4], help="max_staleness bounds of the async runs (each >= 1)")
     ap.add_argument("--set", dest="extra", action="append", default=[], help="extra recipe override (section.key=value), every run")
     ap.add_argument("--sweep", metavar="KEY=V1,V2,...", help="compare sync and async (the first --staleness) at each value of one recipe key")
+    ap.add_argument("--recipe", type=Path, default=REPO / "recipes" / "tiny_calc.toml", help="the recipe every run trains (default: tiny_calc)")
+    ap.add_argument("--model", help="model folder (default: a fresh untrained tiny model)")
     ap.add_argument("--split", action="store_true", help="generation on core 0, training on core 1 (see the module docstring)")
     ap.add_argument("--write", action="store_true", help="put the command, date, machine and table in benchmarks/RESULTS.md (a block of its own)")
     args = ap.parse_args()
@@ -265,8 +271,11 @@ def main() -> None:
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        model = work / "model"
-        subprocess.run([sys.executable, "-m", "agentrl.cli", "model", "init", "tiny", str(model)], check=True, cwd=REPO, capture_output=True)
+        if args.model:
+            model = Path(args.model).resolve()
+        else:
+            model = work / "model"
+            subprocess.run([sys.executable, "-m", "agentrl.cli", "model", "init", "tiny", str(model)], check=True, cwd=REPO, capture_output=True)
         (work / "runs").mkdir()
         configs: list[Config] = [("sync", 0), *(("async", s) for s in dict.fromkeys(args.staleness))]
         if args.sweep:
@@ -278,7 +287,7 @@ def main() -> None:
             for _ in range(args.repeats):  # every value and mode once per repeat, interleaved
                 for value, results in points.items():
                     for mode, s in configs:
-                        results[(mode, s)].append(run_once(mode, s, args.steps, model, work / "runs", [*extra, f"{key}={value}"], args.split))
+                        results[(mode, s)].append(run_once(mode, s, args.steps, model, work / "runs", [*extra, f"{key}={value}"], args.split, args.recipe))
             text = format_block(next(iter(points.values())), args, started).split("\n\n")[0]
             text += "\n\n" + format_sweep(key, points, configs[1][1])
             for value, results in points.items():
@@ -288,7 +297,7 @@ def main() -> None:
         results: dict[Config, list[Run]] = {c: [] for c in configs}
         for _ in range(args.repeats):
             for mode, s in configs:
-                results[(mode, s)].append(run_once(mode, s, args.steps, model, work / "runs", extra, args.split))
+                results[(mode, s)].append(run_once(mode, s, args.steps, model, work / "runs", extra, args.split, args.recipe))
     text = format_block(results, args, started)
     emit(text, block_key([*(["--split"] if args.split else []), *extra]), args.write, section="async vs sync")
 

@@ -138,6 +138,7 @@ async def play_agent_episode(
         for k, (a, b) in enumerate(trajectory.segments() if trajectory.tokens else []):
             if k:
                 info["spans"].append(["\n\n[new segment: the call did not continue the conversation]\n\n", -1])
-            t = trajectory
-            info["spans"] += version_spans(session.recorder.tokenizer, t.tokens[a:b], t.loss_mask[a:b], t.versions[a:b])
+            info["spans"] += version_spans(
+                session.recorder.tokenizer, trajectory.tokens[a:b], trajectory.loss_mask[a:b], trajectory.versions[a:b]
+            )
     return trajectory

@@ -130,10 +130,10 @@ class Reply:
 class _Segment:
     tools_key: str
     messages: list[dict[str, Any]]
-    tokens: list[int]
-    mask: list[int]
-    logprobs: list[float]
-    versions: list[int]
+    tokens: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
     replies: list[Reply] | None = None
     """The newest call's choices, waiting to be continued; None while a call is in flight."""
     tools: list[dict[str, Any]] | None = None
@@ -213,7 +213,7 @@ class ChatRecorder:
             seg.messages, seg.replies = list(messages), None
             return Call(index, list(seg.tokens), True)
         ids = self._encode(self._render(messages, tools, True))
-        seg = _Segment(tools_key, list(messages), [], [], [], [], None, tools)
+        seg = _Segment(tools_key=tools_key, messages=list(messages), tools=tools)
         seg.extend(ids, 0)
         self.segments.append(seg)
         return Call(len(self.segments) - 1, list(ids), False)

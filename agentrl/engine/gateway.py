@@ -33,9 +33,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.engine.chat_api import ChatRequest, completion_body, error_body, parse_request, tool_call_message
+from agentrl.engine.chat_api import (
+    ChatRequest,
+    completion_body,
+    error_body,
+    parse_request,
+    tool_call_message,
+)
 from agentrl.engine.chat_segments import ChatRecorder, Reply
 from agentrl.engine.interfaces import Generation
+from agentrl.engine.render import special_tokens, strip_special_suffix
 from agentrl.engine.stops import with_stop_token_ids
 from agentrl.errors import AgentRLError, InfraError, RequestError
 
@@ -86,16 +93,6 @@ def new_http_client() -> Any:
     return openai.DefaultAioHttpClient(timeout=None)
 
 
-def _strip_special(text: str, specials: list[str]) -> str:
-    changed = True
-    while changed:
-        changed = False
-        for tok in specials:
-            if tok and text.endswith(tok):
-                text, changed = text[: -len(tok)], True
-    return text
-
-
 class Gateway:
     """The HTTP server (aiohttp) and the open episodes.
 
@@ -115,7 +112,8 @@ class Gateway:
         """The bearer key every request must carry (random per gateway)."""
         self.sessions: dict[str, Session] = {}
         self._ids = itertools.count()
-        self._specials = sorted((t for t in getattr(tokenizer, "all_special_tokens", []) if t), key=len, reverse=True)
+        self._specials = special_tokens(tokenizer)
+        self._stop_ids: dict[tuple[str, ...], list[int]] = {}  # stop strings -> their single-token ids
         self._runner: Any = None
         self.port: int | None = None
 
@@ -237,7 +235,7 @@ class Gateway:
                 f"{session.max_context_tokens} (rollout.max_episode_tokens)", param="messages", code="context_length_exceeded")
         params = {**session.defaults, **req.sampling, **session.forced}
         params["max_tokens"] = min(req.max_tokens or session.max_new_tokens, room)
-        params = with_stop_token_ids(self.tokenizer, params)
+        params = with_stop_token_ids(self.tokenizer, params, self._stop_ids)
         if session.reference_temperature is not None and params.get("temperature", 1.0) != session.reference_temperature:
             session.temperature_mismatches += 1
 
@@ -274,7 +272,7 @@ class Gateway:
     def _reply(self, gen: Generation, req: ChatRequest) -> tuple[Reply, str]:
         """The assistant message of one generation and its finish reason."""
         text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
-        content = _strip_special(text, self._specials)
+        content = strip_special_suffix(text, self._specials)
         suffix = text[len(content):]
         finish = "length" if gen.finish_reason == "length" else "stop"
         calls = self.parser.parse(content) if req.parse_tools else []  # a stop string may close a call

@@ -24,6 +24,23 @@ class TemplateMismatch(EnvError):
     """The chat template is not append-only for this conversation."""
 
 
+def special_tokens(tokenizer: Any) -> list[str]:
+    """The tokenizer's special tokens as text, longest first (for :func:`strip_special_suffix`)."""
+    return sorted((t for t in getattr(tokenizer, "all_special_tokens", []) if t), key=len, reverse=True)
+
+
+def strip_special_suffix(text: str, specials: list[str]) -> str:
+    """The assistant message content of a turn: ``text`` without the special tokens (EOS...) it
+    ends with, ``specials`` as :func:`special_tokens` gives them."""
+    changed = True
+    while changed:
+        changed = False
+        for tok in specials:
+            if tok and text.endswith(tok):
+                text, changed = text[: -len(tok)], True
+    return text
+
+
 class IncrementalRenderer:
     """Keeps the rendered text of one conversation and yields the token ids to append."""
 
@@ -31,9 +48,7 @@ class IncrementalRenderer:
         self.tokenizer = tokenizer
         self.messages: list[Message] = list(messages)
         self.text = self._render(self.messages)
-        self._special = sorted(
-            (t for t in getattr(tokenizer, "all_special_tokens", []) if t), key=len, reverse=True
-        )
+        self._special = special_tokens(tokenizer)
 
     def _render(self, messages: list[Message]) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -47,14 +62,7 @@ class IncrementalRenderer:
 
     def strip_special_suffix(self, text: str) -> str:
         """The assistant message content of a turn: ``text`` without trailing special tokens (EOS)."""
-        changed = True
-        while changed:
-            changed = False
-            for tok in self._special:
-                if text.endswith(tok):
-                    text = text[: -len(tok)]
-                    changed = True
-        return text
+        return strip_special_suffix(text, self._special)
 
     def append_turn(self, generated_text: str, observation: list[Message]) -> list[int]:
         """Record the model's turn (decoded exactly from its ids, special tokens kept) and the

@@ -31,13 +31,22 @@ def single_token_ids(tokenizer: Any, stops: list[str] | tuple[str, ...]) -> list
     return ids
 
 
-def with_stop_token_ids(tokenizer: Any, sampling: dict[str, Any]) -> dict[str, Any]:
+def with_stop_token_ids(
+    tokenizer: Any, sampling: dict[str, Any], cache: dict[tuple[str, ...], list[int]] | None = None
+) -> dict[str, Any]:
     """``sampling`` (``SamplingParams`` keyword arguments) with its single-token ``stop``
-    strings added to ``stop_token_ids`` (a new dict; ``sampling`` itself is not changed)."""
+    strings added to ``stop_token_ids`` (a new dict; ``sampling`` itself is not changed).
+    ``cache`` (one per tokenizer) keeps the ids of each list of stop strings already seen."""
     stops = sampling.get("stop") or []
     if isinstance(stops, str):
         stops = [stops]
-    ids = single_token_ids(tokenizer, list(stops))
+    key = tuple(stops)
+    if cache is not None and key in cache:
+        ids = cache[key]
+    else:
+        ids = single_token_ids(tokenizer, list(stops))
+        if cache is not None:
+            cache[key] = ids
     if not ids:
         return dict(sampling)
     have = list(sampling.get("stop_token_ids") or [])

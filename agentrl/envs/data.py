@@ -35,7 +35,8 @@ def load_rows(
 
     Args:
         source: where the rows come from —
-            ``"synthetic:calc"``, ``"synthetic:linear"``, ``"synthetic:word"``: generated
+            ``"synthetic:calc"``, ``"synthetic:linear"``, ``"synthetic:word"``,
+            ``"synthetic:turns"``: generated
             problems with exact answers (see :mod:`agentrl.envs.synthetic`);
             a path ending in ``.jsonl``, ``.json`` or ``.parquet``: a local file, read with
             ``datasets.load_dataset("json" | "parquet", data_files=path)``;

@@ -5,6 +5,8 @@ the same seed. Answers are exact (integers or reduced fractions ``"p/q"``) and e
 checked with sympy when it is made (a generator bug raises instead of shipping a wrong answer).
 
 - ``calc``: ``Compute 347*58+91.`` (:func:`agentrl.envs.calc.generate_problems`).
+- ``turns``: episodes of 1 to 8 turns for ``agentrl/Turns-v0`` (:func:`agentrl.envs.turns.turn_rows`;
+  not checked with sympy: nothing to compute).
 - ``linear``: one linear equation in ``x`` with integer coefficients, e.g.
   ``Solve for x: 7x - 12 = 3x + 5.`` -> ``"17/4"``.
 - ``word``: short word problems over a few templates (shopping, sharing, rates, ages), e.g.
@@ -174,8 +176,16 @@ def calc_problems(n: int, seed: int) -> list[dict[str, Any]]:
     return [dict(r) for r in generate_problems(n, seed)]
 
 
+def turns_rows(n: int, seed: int) -> list[dict[str, Any]]:
+    """The ``turns`` rows of :mod:`agentrl.envs.turns` (episodes of 1 to 8 turns)."""
+    from agentrl.envs.turns import turn_rows
+
+    return turn_rows(n, seed)
+
+
 SYNTHETIC_TASKS: dict[str, Callable[[int, int], list[dict[str, Any]]]] = {
     "calc": calc_problems,
+    "turns": turns_rows,
     "linear": linear_equations,
     "word": word_problems,
 }

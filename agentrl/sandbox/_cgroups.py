@@ -11,8 +11,10 @@ migration against the credentials and cgroup namespace of whoever *opened* the f
 for cgroup v1 and v2), so the sandbox needs no capability, no view of ``/sys/fs/cgroup``, and can
 join no other cgroup. Everything the code starts inherits the cgroup.
 
-Where the cgroups go. Under the engine's own cgroup, in a directory ``agentrl-<pid>-<n>`` per
-sandbox (``<pid>``: the engine's process), in every hierarchy that holds one of the controllers:
+Where the cgroups go. Under the engine's own cgroup, in a directory ``agentrl-<ns>-<pid>-<n>`` per
+sandbox (``<pid>``: the engine's process, ``<ns>``: its PID namespace), in every hierarchy that
+holds one of the controllers (empty ones left by engines of this PID namespace that died are
+removed):
 
 * **cgroup v2** (the unified hierarchy, what current distributions mount): the engine's cgroup
   must list ``memory`` and ``pids`` in ``cgroup.controllers`` and be able to enable them for its
@@ -284,17 +286,26 @@ def _rmdir(path: str, quiet: bool = False) -> bool:
         return False
 
 
+def _pid_namespace() -> str:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
+
+
 def _remove_stale(parent: str) -> None:
-    """Remove ``agentrl-<pid>-*`` directories of engines that no longer run (empty ones only)."""
+    """Remove ``agentrl-<ns>-<pid>-*`` directories of engines of this PID namespace that no longer
+    run (empty ones only; other namespaces' pids cannot be checked from here)."""
     try:
         names = os.listdir(parent)
     except OSError:
         return
+    ns = _pid_namespace()
     for name in names:
         parts = name.split("-")
-        if len(parts) != 3 or parts[0] != "agentrl" or not parts[1].isdigit():
+        if len(parts) != 4 or parts[0] != "agentrl" or parts[1] != ns or not parts[2].isdigit():
             continue
-        if int(parts[1]) == os.getpid() or os.path.exists(f"/proc/{parts[1]}"):
+        if int(parts[2]) == os.getpid() or os.path.exists(f"/proc/{parts[2]}"):
             continue
         top = os.path.join(parent, name)
         for sub in _subdirs(top):
@@ -324,7 +335,7 @@ def open_root(*, proc: str = "/proc/self") -> CgroupRoot:
         v2_path, v1_paths = _own_paths(_read(os.path.join(proc, "cgroup")))
     except OSError as exc:
         raise CgroupsUnavailable(f"cannot read this process's cgroups: {exc}") from None
-    name = f"agentrl-{os.getpid()}-{next(_counter)}"
+    name = f"agentrl-{_pid_namespace()}-{os.getpid()}-{next(_counter)}"
     reasons = []
     v2 = next((m for m in mounts if m.version == 2), None)
     if v2 is not None and v2_path is not None:

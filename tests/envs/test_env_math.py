@@ -19,7 +19,7 @@ ROW = {"question": "Solve for x: 7x - 12 = 3x + 5.", "answer": "17/4"}
 
 
 def test_builtins_are_registered() -> None:
-    assert set(BUILTIN_ENVS) == {"agentrl/Calc-v0", "agentrl/MathTool-v0", "agentrl/Math-v0"}
+    assert set(BUILTIN_ENVS) == {"agentrl/Calc-v0", "agentrl/MathTool-v0", "agentrl/Math-v0", "agentrl/Turns-v0"}
     for env_id, entry in BUILTIN_ENVS.items():
         assert gymnasium.registry[env_id].entry_point == entry
 

@@ -248,3 +248,19 @@ def test_required_cgroups_raise_when_impossible(monkeypatch: pytest.MonkeyPatch)
         assert run(sb, "print(2)").stdout == "2\n"
     finally:
         arun(sb.aclose)
+
+
+def test_directories_of_dead_engines_of_this_pid_namespace_are_removed(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    ns = _cgroups._pid_namespace()
+    dead = 4_000_000  # above pid_max: no such process
+    stale = pids / f"agentrl-{ns}-{dead}-0"
+    (stale / "w3").mkdir(parents=True)
+    foreign = pids / f"agentrl-1-{dead}-0"  # another PID namespace: its pids cannot be checked here
+    foreign.mkdir()
+    mountinfo = f"40 30 0:40 / {tmp_path / 'mem'} rw - cgroup cgroup rw,memory\n41 30 0:41 / {pids} rw - cgroup cgroup rw,pids\n"
+    (tmp_path / "mem").mkdir()
+    root = open_root(proc=fake_proc(tmp_path, mountinfo, "5:memory:/\n3:pids:/\n"))
+    assert not stale.exists() and foreign.exists()
+    assert Path(root.dirs["pids"]).name.startswith(f"agentrl-{ns}-{os.getpid()}-")
+    root.close()
