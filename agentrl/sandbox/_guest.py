@@ -272,28 +272,27 @@ def join_cgroups(fds):
             os.close(fd)
 
 
-def vm_size():
-    """This process's address-space size in bytes (VmSize)."""
+def status_bytes(field):
+    """A size from this process's /proc/self/status in bytes (``field``: ``b"VmSize:"``,
+    ``b"RssAnon:"``...; 0 if unreadable)."""
     try:
         with open("/proc/self/status", "rb") as f:
             for line in f:
-                if line.startswith(b"VmSize:"):
+                if line.startswith(field):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 0
+
+
+def vm_size():
+    """This process's address-space size in bytes (VmSize)."""
+    return status_bytes(b"VmSize:")
 
 
 def rss_anon():
     """This process's resident anonymous memory in bytes (RssAnon)."""
-    try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return status_bytes(b"RssAnon:")
 
 
 def drop_privileges(uid):
@@ -371,7 +370,7 @@ def oneshot_prelude():
 
 #: What :func:`oneshot_prelude` needs of this file (the host cuts these out and runs them alone).
 ONESHOT_NAMES = (
-    "CODE_FILENAME", "join_cgroups", "vm_size", "apply_limits", "drop_privileges", "_exit_builtin",
+    "CODE_FILENAME", "join_cgroups", "status_bytes", "vm_size", "apply_limits", "drop_privileges", "_exit_builtin",
     "oneshot_prelude",
 )
 

@@ -368,7 +368,7 @@ class BubblewrapSandbox(SandboxBase):
         self.stats.cold_runs += 1
         group = self._cold_cgroup(limits)
         try:
-            return await self._run_cold_in(code, timeout, limits, group)
+            return await self._run_cold_in(code, timeout, limits, group, group.oom_kills() if group else 0)
         finally:
             if group is not None:  # reused unless something of the execution is left in it
                 if group.processes() or self._closed:
@@ -376,7 +376,11 @@ class BubblewrapSandbox(SandboxBase):
                 else:
                     self._cold_groups.append(group)
 
-    async def _run_cold_in(self, code: str, timeout: float, limits: Limits, group: Cgroup | None) -> ExecResult:
+    async def _run_cold_in(
+        self, code: str, timeout: float, limits: Limits, group: Cgroup | None, ooms: int
+    ) -> ExecResult:
+        """One per-execution container in ``group`` (whose OOM kills so far are ``ooms``: the
+        cgroups are reused, so only kills after that count against this execution)."""
         userns = self._take_userns()
         cg_fds = tuple(group.procs_fds()) if group is not None else ()
         seccomp_fd = None
@@ -398,7 +402,7 @@ class BubblewrapSandbox(SandboxBase):
                 self._userns_pool.append(userns)
             if seccomp_fd is not None:
                 os.close(seccomp_fd)
-        return _with_oom(to_result(raw, what="bubblewrap sandbox"), group, 0)
+        return _with_oom(to_result(raw, what="bubblewrap sandbox"), group, ooms)
 
     def _take_userns(self) -> int | None:
         if not self._privileged:
