@@ -338,15 +338,7 @@ class WarmPool:
         if worker is not None:
             return worker
         candidate = next((w for w in self.launching if w.kind == kind), None) or self.launch(kind)
-        try:
-            await candidate.wait_ready()
-        except SandboxError:
-            if candidate in self.launching:
-                self.launching.remove(candidate)
-            self.discard(candidate)
-            raise
-        if candidate in self.launching:
-            self._became_ready(candidate)
+        await self._await_ready(candidate)
         idle = self.idle.get(kind, [])
         if candidate in idle:
             idle.remove(candidate)
@@ -378,13 +370,16 @@ class WarmPool:
             while self._count(kind) < min(want, self.cap):
                 self.launch(kind)
         for worker in list(self.launching):
-            try:
-                await worker.wait_ready()
-            except SandboxError:
-                if worker in self.launching:
-                    self.launching.remove(worker)
-                self.discard(worker)
-                raise
+            await self._await_ready(worker)
+
+    async def _await_ready(self, worker: WarmWorker) -> None:
+        """Wait until ``worker`` is ready (then it is idle), or kill it and raise SandboxError."""
+        try:
+            await worker.wait_ready()
+        except SandboxError:
+            self.discard(worker)
+            raise
+        if worker in self.launching:
             self._became_ready(worker)
 
     def release(self, worker: WarmWorker, ok: bool, closed: bool) -> None:
