@@ -19,7 +19,9 @@ class BatchSettings:
     """How rewards become advantages (the recipe's ``[algo]`` values)."""
 
     advantage: str = "grpo"
-    """The advantage estimator's name (``agentrl.algos.compute_advantages``)."""
+    """The advantage estimator's name (``agentrl.algos.compute_advantages``), or ``gae``: the
+    samples then carry their rewards and a critic (:mod:`agentrl.engine.critic_stage`) gives
+    them per-token advantages."""
     filter_zero_variance_groups: bool = False
     """Drop groups whose rewards are all equal (they carry no learning signal)."""
     overlong_max_tokens: int | None = None
@@ -34,8 +36,10 @@ def batch_samples(batch: list[list[Trajectory]], settings: BatchSettings) -> tup
     Trainable episodes only; rewards with the overlong penalty (when set); zero-variance groups
     dropped (when set); advantages by ``settings.advantage`` over the groups that remain. Each
     sample is a dict with ``tokens``, ``loss_mask``, ``behaviour_logprobs``, ``advantage``,
-    ``versions`` and ``id`` (the trajectory's ``sample_id``); an episode of several segments
-    gives one sample per segment (:attr:`Trajectory.segment_starts`), all with its advantage."""
+    ``reward`` (the episode's, with the overlong penalty), ``versions`` and ``id`` (the
+    trajectory's ``sample_id``); an episode of several segments gives one sample per segment
+    (:attr:`Trajectory.segment_starts`), all with its advantage. With ``advantage = "gae"`` the
+    advantage is 0.0 here: the critic stage replaces it with per-token ``advantages``."""
     import torch
 
     from agentrl.algos import (
@@ -58,8 +62,11 @@ def batch_samples(batch: list[list[Trajectory]], settings: BatchSettings) -> tup
         keep = torch.ones(len(kept), dtype=torch.bool)
     dropped_groups = len(set(group[~keep].tolist()))
     idx = keep.nonzero().flatten().tolist()
-    advs = compute_advantages(rewards[idx], group[idx], settings.advantage).tolist() if idx else []
-    samples = [sample for i, adv in zip(idx, advs) for sample in _samples_of(kept[i], adv)]
+    if settings.advantage == "gae":  # per token, from the critic's values at training time
+        advs = [0.0] * len(idx)
+    else:
+        advs = compute_advantages(rewards[idx], group[idx], settings.advantage).tolist() if idx else []
+    samples = [sample for i, adv in zip(idx, advs) for sample in _samples_of(kept[i], adv, float(rewards[i]))]
     flat = [t for g in batch for t in g]
     n = max(1, len(flat))
     trained_ids = {s["id"].split("#")[0] for s in samples if any(s["loss_mask"])}
@@ -69,6 +76,9 @@ def batch_samples(batch: list[list[Trajectory]], settings: BatchSettings) -> tup
         "samples": len(flat),
         "infra_failures_batch": sum(t.status != AGENT_FAILURE for t in flat) - len(kept),
         "agent_failures_batch": sum(t.status == AGENT_FAILURE for t in flat),
+        # episodes a judge or reward model could not score (engine.scoring): among the infra failures
+        "reward_failures_batch": sum(1 for t in flat if t.info.get("reward_failure")),
+        **_reward_part_means(kept),
         "status": dict(Counter(t.status for t in flat)),
         "turns_mean": sum(t.metrics.get("turns", 0) for t in flat) / n,
         "tool_calls_mean": sum(t.metrics.get("tool_calls", 0) for t in flat) / n,
@@ -88,7 +98,7 @@ def batch_samples(batch: list[list[Trajectory]], settings: BatchSettings) -> tup
     return samples, stats
 
 
-def _samples_of(t: Trajectory, advantage: float) -> list[dict[str, Any]]:
+def _samples_of(t: Trajectory, advantage: float, reward: float) -> list[dict[str, Any]]:
     """The learner samples of one episode: one per segment that holds a trained token, each with
     the episode's advantage (ids ``<sample_id>`` for a one-segment episode, else ``<sample_id>#k``)."""
     segments = t.segments()
@@ -101,9 +111,21 @@ def _samples_of(t: Trajectory, advantage: float) -> list[dict[str, Any]]:
             "loss_mask": t.loss_mask[a:b],
             "behaviour_logprobs": t.behaviour_logprobs[a:b],
             "advantage": advantage,
+            "reward": reward,
             "versions": t.versions[a:b],
             "id": t.sample_id if len(segments) == 1 else f"{t.sample_id}#{k}",
         })
+    return out
+
+
+def _reward_part_means(kept: list[Trajectory]) -> dict[str, float]:
+    """``<part>_mean`` of each reward part the scorer kept (``env_reward``, ``judge_score``,
+    ``rm_score``: :mod:`agentrl.engine.scoring`) over the episodes that have it; none without one."""
+    out = {}
+    for part in ("env_reward", "judge_score", "rm_score"):
+        values = [t.metrics[part] for t in kept if part in t.metrics]
+        if values:
+            out[f"{part}_mean"] = sum(values) / len(values)
     return out
 
 

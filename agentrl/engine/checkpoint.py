@@ -37,6 +37,8 @@ __all__ = [
     "write_trainer_state",
     "save_rng_state",
     "load_rng_state",
+    "save_sharded_state",
+    "load_sharded_state",
 ]
 
 CHECKPOINT_FORMAT = 1
@@ -87,6 +89,46 @@ def load_rng_state(path: Path) -> None:
     random.setstate(state["python"])
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+
+
+def save_sharded_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> bool:
+    """Save ``module``'s (sharded) weights under ``model.*`` and ``optimizer``'s state under
+    ``optim.*`` into ``folder`` with ``torch.distributed.checkpoint`` (a collective). Before the
+    first update the model is saved alone (``get_state_dict`` would give AdamW an empty state,
+    one zero step, and change the run). Returns whether the optimizer state was saved."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    has_optim = bool(optimizer.state)
+    if has_optim:
+        model_sd, optim_sd = get_state_dict(module, optimizer)
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+    else:
+        state = {"model": get_model_state_dict(module)}
+    dcp.save(state, checkpoint_id=str(folder))
+    return has_optim
+
+
+def load_sharded_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path, has_optim: bool) -> None:
+    """Restore what :func:`save_sharded_state` wrote (a collective; re-shards to this group's
+    rank count). ``has_optim``: its return value; without optimizer state AdamW starts empty."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_state_dict,
+        set_model_state_dict,
+        set_state_dict,
+    )
+
+    if has_optim:
+        model_sd, optim_sd = get_state_dict(module, optimizer)
+        dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder))
+        set_state_dict(module, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+    else:
+        model_sd = get_model_state_dict(module)
+        dcp.load({"model": model_sd}, checkpoint_id=str(folder))
+        set_model_state_dict(module, model_sd)
+        optimizer.state.clear()
 
 
 def _model_tensors(folder: Path) -> dict[str, torch.Tensor]:

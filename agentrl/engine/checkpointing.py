@@ -1,5 +1,5 @@
-"""Writing a resumable run checkpoint: the learner's state (every rank), the weights of the
-checkpoint's version and the run state, into ``checkpoints/step_NNNNNN/`` atomically.
+"""Writing a resumable run checkpoint: the learner's state (every rank), the critic's (PPO with
+GAE), the weights of the checkpoint's version and the run state, into ``checkpoints/step_NNNNNN/`` atomically.
 
 The folder's format (and reading it back) is :mod:`agentrl.engine.run_state`'s.
 """
@@ -29,11 +29,16 @@ class RunCheckpointer:
     """Writes checkpoints of a run; keeps the newest ``keep``.
 
     ``tokenizer``: the folder or hub id the run's tokenizer is read from (saved into each
-    checkpoint's weights, so a checkpoint is self-contained; None saves none)."""
+    checkpoint's weights, so a checkpoint is self-contained; None saves none). ``critic``: PPO's
+    critic group, saved into ``critic/`` (None: no critic)."""
 
-    def __init__(self, *, run_dir: RunDir, learners: LearnerGroup, keep: int, tokenizer: str | None, log: EventLog) -> None:
+    def __init__(
+        self, *, run_dir: RunDir, learners: LearnerGroup, keep: int, tokenizer: str | None, log: EventLog,
+        critic: LearnerGroup | None = None,
+    ) -> None:
         self.run_dir = run_dir
         self.learners = learners
+        self.critic = critic
         self.keep = keep
         self.tokenizer = tokenizer
         self.log = log
@@ -47,6 +52,8 @@ class RunCheckpointer:
         tmp.mkdir(parents=True)
         t0 = time.monotonic()
         await self.learners.call("save_checkpoint", str(tmp / "learner"), what=f"saving learner checkpoint {state.version}")
+        if self.critic is not None:
+            await self.critic.call("save_checkpoint", str(tmp / "critic"), what=f"saving critic checkpoint {state.version}")
         published = self.run_dir.weights_version(state.version)
         if published.exists():  # hard links: no copy, and pruning the version later keeps them
             await asyncio.to_thread(link_tree, published, tmp / "weights")

@@ -22,6 +22,7 @@ from agentrl.config import Recipe
 from agentrl.engine import wiring
 from agentrl.engine.checkpointing import RunCheckpointer
 from agentrl.engine.cluster import new_actor, shutdown_all, start_ray, stop_ray
+from agentrl.engine.critic_stage import CriticStage
 from agentrl.engine.evaluation import Evaluator
 from agentrl.engine.failover import LearnerFailover, run_with_failover
 from agentrl.engine.fleet import GeneratorFleet
@@ -31,6 +32,7 @@ from agentrl.engine.loop import LoopHook, RLLoop
 from agentrl.engine.metrics import MetricsLogger
 from agentrl.engine.prepare import prepare_model
 from agentrl.engine.publishing import WeightPublisher
+from agentrl.engine.reward_actors import RewardActors, start_reward_actors
 from agentrl.engine.run_dir import RunDir
 from agentrl.engine.run_state import (
     RunState,
@@ -56,6 +58,8 @@ class Controller:
         self.recipe = recipe
         self.run_dir = RunDir(recipe.resolved_run_dir())
         self.hooks = list(hooks)
+        self.rewards = RewardActors()
+        """A separate judge's generators and the reward model (``[reward]``), once started."""
 
     def run(self) -> RunSummary:
         """Run the recipe to the end and return its summary."""
@@ -73,6 +77,7 @@ class Controller:
         model = prepare_model(r, rows, log)
         started_ray = start_ray(wiring.ray_init_kwargs(r))
         learners = self._learner_group()
+        critic = self._critic_group() if r.algo.advantage == "gae" and r.mode in ("async", "sync") else None
         fleet: GeneratorFleet | None = None
         try:
             log.event(f"run {r.name}: mode={r.mode} max_staleness={r.max_staleness} rows={len(rows)} model={model}")
@@ -89,9 +94,11 @@ class Controller:
             fleet = self._fleet(model, tokenizer, log)
             publisher = self._publisher(fleet, learners, log)
             version = state.version if state is not None else 0
-            await self._start_actors(fleet, learners if r.mode != "eval" else None, model, tokenizer, 0 if adapters else version, log)
+            await self._start_actors(fleet, learners if r.mode != "eval" else None, model, tokenizer, 0 if adapters else version, log, critic)
             if ckpt is not None:
                 await learners.call("load_checkpoint", str(ckpt / "learner"), what="loading the learner checkpoint")
+                if critic is not None and (ckpt / "critic").is_dir():
+                    await critic.call("load_checkpoint", str(ckpt / "critic"), what="loading the critic checkpoint")
                 if adapters:
                     await fleet.load(version, rd.weights_version(version))
             await publisher.connect()
@@ -100,7 +107,7 @@ class Controller:
                 await evaluator(0)
             if r.mode == "eval":
                 return self._summarise(RunSummary(rd.root, 0, 0, Path(model), 0, 0, 0), evaluator.records if evaluator else [])
-            loop = await self._rl(rows, fleet, publisher, learners, evaluator, tokenizer, state, log)
+            loop = await self._rl(rows, fleet, publisher, learners, evaluator, tokenizer, state, log, critic)
             final = rd.final
             await learners.call("publish", str(final), with_tokenizer=True, serving_dtype=True, merged=True, what="writing the final checkpoint")
             if r.lora is not None:
@@ -113,8 +120,10 @@ class Controller:
         finally:
             if fleet is not None:
                 fleet.cancel_reload()
-                await shutdown_all([*fleet.workers, *fleet.generators])
+                await shutdown_all([*fleet.workers, *fleet.generators, *self.rewards.handles])
             await learners.stop()
+            if critic is not None:
+                await critic.stop()
             log.close()
             if started_ray:
                 stop_ray()
@@ -144,21 +153,31 @@ class Controller:
 
     async def _start_actors(
         self, fleet: GeneratorFleet, learners: LearnerGroup | None, model: str, tokenizer: str, version: int, log: MetricsLogger,
+        critic: LearnerGroup | None = None,
     ) -> None:
-        """Start the generators (serving ``model`` as ``version``) and (unless None) the learner
-        ranks together, then the rollout workers; a worker that cannot start (bad env,
+        """Start the generators (serving ``model`` as ``version``), (unless None) the learner
+        ranks and the critic's together, then the rollout workers; a worker that cannot start (bad env,
         tokenizer, sandbox) is a clear error now, not a stream of lost groups later."""
         from agentrl.engine.rollout import RolloutWorker
 
         r = self.recipe
         learner_kwargs = wiring.learner_kwargs(r, model=model, tokenizer=tokenizer, run_dir=self.run_dir.root)
-        gen_info, learner_info = await asyncio.gather(
-            fleet.start(version), learners.start(learner_kwargs) if learners is not None else asyncio.sleep(0, [])
+        gen_info, learner_info, critic_info = await asyncio.gather(
+            fleet.start(version), learners.start(learner_kwargs) if learners is not None else asyncio.sleep(0, []),
+            # the critic starts from the RL starting point; a resume then loads its checkpoint
+            critic.start(wiring.critic_kwargs(r, model=tokenizer), what="critic set-up") if critic is not None else asyncio.sleep(0, []),
         )
         log.event(f"generators ready: {gen_info}", generators=gen_info)
         if learners is not None:
             log.event(f"learner ready: {learner_info}", learners=learner_info)
+        if critic is not None:
+            log.event(f"critic ready: {critic_info}", critics=critic_info)
         kwargs = wiring.worker_kwargs(r, tokenizer=tokenizer, run_dir=self.run_dir.root)
+        self.rewards = await start_reward_actors(
+            wiring.judge_actors(r, self.run_dir.logs), wiring.reward_model_actor(r, self.run_dir.logs),
+            startup_timeout_s=r.generator.startup_timeout_s, log=log,
+        )
+        kwargs.update(self.rewards.worker_kwargs())
         fleet.workers = [
             new_actor(RolloutWorker, {"num_cpus": r.rollout.num_cpus, "runtime_env": wiring.actor_runtime_env(self.run_dir.logs, f"rollout-{i}", r.rollout.cpu_affinity)},
                       generators=fleet.generators, **kwargs)
@@ -169,16 +188,19 @@ class Controller:
     async def _rl(
         self, rows: list[dict[str, Any]], fleet: GeneratorFleet, publisher: WeightPublisher, learners: LearnerGroup,
         evaluator: Evaluator | None, tokenizer: str, state: RunState | None, log: MetricsLogger,
+        critic: LearnerGroup | None = None,
     ) -> RLLoop:
         """The RL loop from ``state`` (None: the start); a learner rank that dies is restarted
         from the newest checkpoint (``learner.max_restarts`` times) and the loop goes on from it."""
         r, rd = self.recipe, self.run_dir
-        checkpointer = RunCheckpointer(run_dir=rd, learners=learners, keep=r.checkpoint.keep, tokenizer=tokenizer, log=log)
+        checkpointer = RunCheckpointer(run_dir=rd, learners=learners, keep=r.checkpoint.keep, tokenizer=tokenizer, log=log, critic=critic)
+        critic_stage = CriticStage(group=critic, settings=wiring.gae_settings(r), warmup_steps=r.critic_settings.warmup_steps) if critic is not None else None
         failover = LearnerFailover(
             run_dir=rd, learners=learners, fleet=fleet, publisher=publisher, max_restarts=r.learner.max_restarts, log=log,
             # full fine-tuning restarts from the checkpoint's weights; LoRA from the base model
             # (the checkpoint's learner state holds the adapter)
             learner_kwargs=lambda weights: wiring.learner_kwargs(r, model=tokenizer if r.lora else weights, tokenizer=tokenizer, run_dir=rd.root),
+            critic=critic,
         )
 
         async def run(at: RunState | None) -> RLLoop:
@@ -191,6 +213,7 @@ class Controller:
                 rows=rows, queue=queue, ledger=ledger, fleet=fleet, publisher=publisher, learners=learners,
                 batch=wiring.batch_settings(r), settings=wiring.loop_settings(r), log=log, run_dir=rd,
                 checkpoint=checkpointer.save, evaluate=evaluator, version=at.version if at is not None else 0, hooks=self.hooks,
+                critic=critic_stage,
             )
             await loop.run()
             return loop
@@ -217,6 +240,22 @@ class Controller:
             ),
             timeout_s=lcfg.timeout_s,
             placement_timeout_s=lcfg.placement_timeout_s,
+        )
+
+    def _critic_group(self) -> LearnerGroup:
+        """PPO's critic ranks: their own torch.distributed group and placement."""
+        from agentrl.engine.critic import Critic
+        from agentrl.engine.placement import LearnerPlacement, learner_bundles
+
+        c = self.recipe.critic_settings
+        logs = self.run_dir.logs
+        return LearnerGroup(
+            num_ranks=c.num_ranks,
+            factory=lambda rank, kwargs, options: new_actor(
+                Critic, {**options, "runtime_env": wiring.actor_runtime_env(logs, f"critic-{rank}", c.cpu_affinity)}, **kwargs),
+            placement=lambda: LearnerPlacement(learner_bundles(c.num_ranks, c.num_cpus, c.num_gpus, {}), self.recipe.learner.placement_timeout_s),
+            timeout_s=c.timeout_s,
+            placement_timeout_s=self.recipe.learner.placement_timeout_s,
         )
 
     def _fleet(self, model: str, tokenizer: str, log: MetricsLogger) -> GeneratorFleet:

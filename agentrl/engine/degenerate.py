@@ -43,7 +43,8 @@ def diagnose_step(stats: dict[str, Any], *, max_episode_tokens: int | None = Non
                 "per episode): the model wrote nothing that reached the loss. Check rollout.max_new_tokens, "
                 "rollout.max_episode_tokens and algo.filter_zero_variance_groups")
     groups = int(stats.get("groups", 0))
-    if groups and stats.get("zero_variance_groups", 0) == groups:
+    if groups and stats.get("zero_variance_groups", 0) == groups and not stats.get("advantage_abs_mean", 0.0):
+        # (a critic's advantages, R - V, carry signal even when every group's rewards are equal)
         return (f"every one of the {groups} groups had equal rewards (mean reward {stats.get('reward_mean', 0.0):.3f}): "
                 "zero advantages, no learning signal. The task is too hard or too easy for the model as it samples: "
                 "warm it up with [sft], raise rollout.group_size or rollout.temperature, or give partial credit in the reward")

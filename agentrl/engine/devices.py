@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-__all__ = ["process_group_backend", "local_cuda_index", "assigned_cuda_index"]
+__all__ = ["process_group_backend", "local_cuda_index", "assigned_cuda_index", "join_process_group"]
 
 
 def process_group_backend(on_gpu: bool) -> str:
@@ -46,3 +46,32 @@ def assigned_cuda_index() -> int:
     except Exception:  # not a Ray worker
         gpu_ids = []
     return local_cuda_index(gpu_ids, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def join_process_group(rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float, what: str) -> tuple[str, "object"]:
+    """Join this process's default ``torch.distributed`` group (``gloo`` on CPU, device-mapped
+    NCCL on GPU) and pick the device: ``(backend, torch.device)``. ``what`` names the component
+    in the :class:`~agentrl.errors.LearnerError` raised when the rendezvous fails."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from agentrl.errors import LearnerError
+
+    on_gpu = torch.cuda.is_available()
+    backend = process_group_backend(on_gpu)
+    device = torch.device("cuda", assigned_cuda_index()) if on_gpu else torch.device("cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
+    try:
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{master_addr}:{master_port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+    except Exception as exc:
+        raise LearnerError(f"{what} rank {rank}: cannot join the process group: {exc}") from exc
+    return backend, device

@@ -37,14 +37,17 @@ __all__ = ["LearnerFailover", "run_with_failover"]
 class LearnerFailover:
     """Restarts ``learners`` from the newest checkpoint of ``run_dir`` at most ``max_restarts``
     times. ``learner_kwargs(model)`` gives the ranks' arguments to start from the weights folder
-    ``model``."""
+    ``model``. ``critic``: PPO's critic group, rewound to the checkpoint's critic state with the
+    learner (None: no critic)."""
 
     def __init__(
         self, *, run_dir: RunDir, learners: LearnerGroup, fleet: GeneratorFleet, publisher: WeightPublisher,
         learner_kwargs: Callable[[str], dict[str, Any]], max_restarts: int, log: EventLog,
+        critic: LearnerGroup | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.learners = learners
+        self.critic = critic
         self.fleet = fleet
         self.publisher = publisher
         self.learner_kwargs = learner_kwargs
@@ -82,6 +85,8 @@ class LearnerFailover:
         self._rewind_versions(state.version, ckpt / "weights")
         await self.learners.start(self.learner_kwargs(str(ckpt / "weights")), what="restarting the learner")
         await self.learners.call("load_checkpoint", str(ckpt / "learner"), what="loading the learner checkpoint")
+        if self.critic is not None and (ckpt / "critic").is_dir():  # the critic goes back to the same step
+            await self.critic.call("load_checkpoint", str(ckpt / "critic"), what="loading the critic checkpoint")
         folder = self.run_dir.weights_version(state.version)
         await self.fleet.load(state.version, folder)
         self.fleet.published_version = state.version

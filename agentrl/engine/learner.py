@@ -11,7 +11,8 @@ CPU, and for ``float16`` (which would need loss scaling), everything is float32 
 learner and generator log-probs comparable).
 
 A training sample is a dict with ``tokens``, ``loss_mask``, ``behaviour_logprobs`` (per token,
-as in :class:`~agentrl.engine.trajectory.Trajectory`), ``advantage`` (one float) and optionally
+as in :class:`~agentrl.engine.trajectory.Trajectory`), ``advantage`` (one float for the whole
+sample) or ``advantages`` (per token, laid out like ``tokens``: GAE with a critic) and optionally
 ``versions`` (per token: the weight version that sampled it; used for the mismatch metric).
 
 One :meth:`Learner.train_step` per batch (one published weight version):
@@ -31,7 +32,6 @@ One :meth:`Learner.train_step` per batch (one published weight version):
 
 from __future__ import annotations
 
-import datetime
 import functools
 import math
 import os
@@ -46,7 +46,7 @@ import torch.distributed as dist
 
 from agentrl.algos import STAT_KEYS, ObjectiveSettings, policy_loss
 from agentrl.engine.audit import AuditLog, prompt_sha1
-from agentrl.engine.devices import assigned_cuda_index, process_group_backend
+from agentrl.engine.devices import join_process_group
 from agentrl.engine.lora import (
     LoraSettings,
     adapter_tensors,
@@ -184,7 +184,7 @@ class _Batch:
         mask = torch.zeros((B, longest), dtype=torch.bool)
         behav = torch.zeros((B, longest), dtype=torch.float32)
         versions = torch.full((B, longest), -1, dtype=torch.long)
-        adv = torch.zeros(B, dtype=torch.float32)
+        adv = torch.zeros((B, longest), dtype=torch.float32)
         for b, r in enumerate(rows):
             n = len(r["tokens"])
             ids[b, :n] = torch.as_tensor(r["tokens"], dtype=torch.long)
@@ -192,14 +192,17 @@ class _Batch:
             mask[b, :n] = torch.as_tensor(r["loss_mask"]) > 0
             if with_rl:
                 behav[b, :n] = torch.as_tensor(r["behaviour_logprobs"], dtype=torch.float32)
-                adv[b] = float(r["advantage"])
+                if r.get("advantages") is not None:  # per token (GAE)
+                    adv[b, :n] = torch.as_tensor(r["advantages"], dtype=torch.float32)
+                else:
+                    adv[b, :n] = float(r["advantage"])
                 if r.get("versions") is not None:
                     versions[b, :n] = torch.as_tensor(r["versions"], dtype=torch.long)
         self.ids, self.attn = ids.to(device), attn.to(device)
         self.select = mask[:, 1:].to(device)
         self.behaviour = behav[:, 1:].to(device)
         self.versions = versions[:, 1:].to(device)
-        self.advantages = adv.to(device)
+        self.advantages = adv[:, 1:].to(device)
         self.real_tokens = int(attn.sum())
         self.slots = B * longest
 
@@ -338,20 +341,9 @@ class Learner:
         on_gpu = torch.cuda.is_available()
         if not on_gpu:
             torch.set_num_threads(self.torch_threads)
-        backend = process_group_backend(on_gpu)
-        self.device = torch.device("cuda", assigned_cuda_index()) if on_gpu else torch.device("cpu")
-        if on_gpu:
-            torch.cuda.set_device(self.device)
-        try:
-            dist.init_process_group(
-                backend,
-                init_method=f"tcp://{self.master_addr}:{self.master_port}",
-                rank=self.rank,
-                world_size=self.world_size,
-                timeout=datetime.timedelta(seconds=self.timeout_s),
-            )
-        except Exception as exc:
-            raise LearnerError(f"rank {self.rank}: cannot join the process group: {exc}") from exc
+        backend, self.device = join_process_group(
+            self.rank, self.world_size, self.master_addr, self.master_port, self.timeout_s, "learner"
+        )
         # bfloat16 on GPU: mixed precision. float16 would need loss scaling; it trains in float32.
         mixed = on_gpu and self.dtype == torch.bfloat16
         mp = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32) if mixed else MixedPrecisionPolicy()
@@ -421,13 +413,17 @@ class Learner:
             raise LearnerError("learner not set up (call setup() on every rank first)")
 
     def _check_samples(self, samples: list[dict[str, Any]], rl: bool) -> None:
-        keys = ("tokens", "loss_mask", "behaviour_logprobs", "advantage") if rl else ("tokens", "loss_mask")
+        keys = ("tokens", "loss_mask", "behaviour_logprobs") if rl else ("tokens", "loss_mask")
         for i, s in enumerate(samples):
             missing = [k for k in keys if k not in s]
+            if rl and "advantage" not in s and s.get("advantages") is None:
+                missing.append("advantage")
             if missing:
                 raise LearnerError(f"sample {i} lacks {missing}")
             n = len(s["tokens"])
-            per_token = ["loss_mask"] + (["behaviour_logprobs"] if rl else []) + (["versions"] if s.get("versions") is not None else [])
+            per_token = ["loss_mask"] + (["behaviour_logprobs"] if rl else []) + [
+                k for k in ("versions", "advantages") if s.get(k) is not None
+            ]
             bad = [k for k in per_token if len(s[k]) != n]
             if bad:
                 raise LearnerError(f"sample {i}: {bad} differ in length from tokens ({n})")
@@ -580,6 +576,15 @@ class Learner:
             "updates": float(self.updates),
             "train_s": time.monotonic() - t0,
         }
+
+    def hold_step(self) -> dict[str, float]:
+        """Advance the version without touching the weights (a critic's warm-up step: the same
+        weights are published under the next version). Collective only in name: no
+        communication. Returns the metrics of :meth:`train_step` that still mean something."""
+        self._require_setup()
+        self.step += 1
+        return {"trained_tokens": 0.0, "updates": float(self.updates), "lr": self.scheduler.get_last_lr()[0],
+                "step": float(self.step), "train_s": 0.0, "policy_held": 1.0}
 
     def sft_step(self, samples: list[dict[str, Any]]) -> dict[str, float]:
         """One supervised optimizer step: mean negative log-likelihood of the tokens whose
@@ -785,13 +790,7 @@ class Learner:
         ``torch.distributed.checkpoint``, the step and LR-schedule state, each rank's RNG state
         and the model config (+ tokenizer) for export. See :mod:`agentrl.engine.checkpoint` for
         the layout. The folder appears atomically; an existing one is replaced."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (
-            get_model_state_dict,
-            get_state_dict,
-        )
-
-        from agentrl.engine.checkpoint import save_rng_state, write_trainer_state
+        from agentrl.engine.checkpoint import save_rng_state, save_sharded_state, write_trainer_state
 
         self._require_setup()
         final = Path(out_dir)
@@ -802,15 +801,7 @@ class Learner:
                     shutil.rmtree(tmp)
                 (tmp / "rng").mkdir(parents=True)
             dist.barrier()
-            # get_state_dict would initialise an empty AdamW state (one zero step), which would
-            # change the run: before the first update, save the model alone.
-            has_optim = bool(self.optimizer.state)
-            if has_optim:
-                model_sd, optim_sd = get_state_dict(self.policy.lm, self.optimizer)
-                state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
-            else:
-                state = {"model": get_model_state_dict(self.policy.lm)}
-            dcp.save(state, checkpoint_id=str(tmp))
+            has_optim = save_sharded_state(self.policy.lm, self.optimizer, tmp)
             save_rng_state(tmp / "rng" / f"rank{self.rank}.pt")
             if self.rank == 0:
                 write_trainer_state(tmp, {
@@ -850,29 +841,13 @@ class Learner:
         different number of ranks (the model and optimizer state are re-sharded; each rank's
         RNG state is restored when the checkpoint has one for its rank). Returns the
         trainer state (``step``, ``updates``, ...)."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (
-            get_model_state_dict,
-            get_state_dict,
-            set_model_state_dict,
-            set_state_dict,
-        )
-
-        from agentrl.engine.checkpoint import load_rng_state, read_trainer_state
+        from agentrl.engine.checkpoint import load_rng_state, load_sharded_state, read_trainer_state
 
         self._require_setup()
         folder = Path(checkpoint_dir)
         state = read_trainer_state(folder)
         try:
-            if state["has_optimizer_state"]:
-                model_sd, optim_sd = get_state_dict(self.policy.lm, self.optimizer)
-                dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder))
-                set_state_dict(self.policy.lm, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
-            else:
-                model_sd = get_model_state_dict(self.policy.lm)
-                dcp.load({"model": model_sd}, checkpoint_id=str(folder))
-                set_model_state_dict(self.policy.lm, model_sd)
-                self.optimizer.state.clear()
+            load_sharded_state(self.policy.lm, self.optimizer, folder, bool(state["has_optimizer_state"]))
             self.scheduler.load_state_dict(state["scheduler"])
             rng = folder / "rng" / f"rank{self.rank}.pt"
             if rng.is_file():

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agentrl.engine.batching import BatchSettings, batch_samples, staleness_histogram
+from agentrl.engine.critic_stage import CriticStage
 from agentrl.engine.degenerate import diagnose_step
 from agentrl.engine.fleet import GeneratorFleet
 from agentrl.engine.learner_group import LearnerGroup
@@ -83,13 +84,15 @@ class RLLoop:
 
     ``rows``: the dataset; ``log``: a MetricsLogger; ``checkpoint``: writes a checkpoint of a
     :class:`RunState` (None: never); ``evaluate``: an evaluation (None: never); ``clock``: seconds,
-    monotonic (for throughput and utilisation)."""
+    monotonic (for throughput and utilisation); ``critic``: PPO's critic (per-token GAE
+    advantages, trained beside the policy; None: the batch estimator ``batch.advantage``)."""
 
     def __init__(
         self, *, rows: Sequence[dict[str, Any]], queue: StalenessQueue, ledger: PromptLedger, fleet: GeneratorFleet,
         publisher: WeightPublisher, learners: LearnerGroup, batch: BatchSettings, settings: LoopSettings, log: Any,
         run_dir: RunDir, checkpoint: Callable[[RunState], Awaitable[Any]] | None = None, evaluate: Evaluation | None = None,
         version: int = 0, clock: Callable[[], float] = time.monotonic, hooks: Sequence[LoopHook] = (),
+        critic: CriticStage | None = None,
     ) -> None:
         self.rows = rows
         self.queue = queue
@@ -97,6 +100,7 @@ class RLLoop:
         self.fleet = fleet
         self.publisher = publisher
         self.learners = learners
+        self.critic = critic
         self.batch = batch
         self.settings = settings
         self.log = log
@@ -221,7 +225,15 @@ class RLLoop:
         hist = staleness_histogram(batch, version)
         samples, stats = batch_samples(batch, self.batch)
         t0 = self.clock()
-        results = await self.learners.call("train_step", samples, what=f"learner step {version + 1}")
+        what = f"learner step {version + 1}"
+        if self.critic is None:
+            results = await self.learners.call("train_step", samples, what=what)
+        else:
+            samples, gae_stats = await self.critic.advantages(samples, version)
+            policy = (self.learners.call("hold_step", what=what) if self.critic.policy_frozen(version)
+                      else self.learners.call("train_step", samples, what=what))
+            results, critic_stats = await asyncio.gather(policy, self.critic.train(samples, version))
+            stats.update(gae_stats, **critic_stats)
         train_s = self.clock() - t0
         new_version = version + 1
         stalls = await self.publisher.publish(new_version)

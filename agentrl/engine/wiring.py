@@ -13,6 +13,7 @@ from typing import Any, Literal
 from agentrl.config import Recipe
 from agentrl.engine.audit import episodes_audit_path, learner_audit_path
 from agentrl.engine.batching import BatchSettings
+from agentrl.engine.critic_stage import GaeSettings
 from agentrl.engine.generator import EngineSettings
 from agentrl.engine.loop import LoopSettings
 from agentrl.engine.lora import LoraSettings, vllm_max_lora_rank
@@ -23,6 +24,8 @@ __all__ = [
     "ActorSpec",
     "actor_runtime_env",
     "batch_settings",
+    "critic_kwargs",
+    "gae_settings",
     "engine_settings",
     "generator_actor",
     "generator_count",
@@ -31,6 +34,10 @@ __all__ = [
     "ledger_kwargs",
     "loop_settings",
     "ray_init_kwargs",
+    "judge_actors",
+    "reward_cpus",
+    "reward_kwargs",
+    "reward_model_actor",
     "worker_kwargs",
 ]
 
@@ -68,9 +75,10 @@ def ray_init_kwargs(recipe: Recipe) -> dict[str, Any]:
         r.generator.num_generators * r.generator.num_cpus
         + r.rollout.num_workers * r.rollout.num_cpus
         + r.learner.num_ranks * r.learner.num_cpus
+        + (r.critic_settings.num_ranks * r.critic_settings.num_cpus if r.algo.advantage == "gae" else 0)
     )
     return {
-        "num_cpus": r.ray.num_cpus or max(2, int(need + 0.999)),
+        "num_cpus": r.ray.num_cpus or max(2, int(need + reward_cpus(r) + 0.999)),
         "include_dashboard": False,
         "logging_level": "warning",
         "log_to_driver": False,  # actors write to RUN_DIR/logs (actor_runtime_env); errors come back as exceptions
@@ -140,6 +148,34 @@ def learner_kwargs(
     }
 
 
+def critic_kwargs(recipe: Recipe, *, model: str) -> dict[str, Any]:
+    """Keyword arguments of every critic rank (:class:`agentrl.engine.critic.Critic`) except
+    ``rank``, ``master_addr`` and ``master_port``; ``model``: the weights RL starts from, used
+    when ``critic.model`` is not set."""
+    r = recipe
+    c = r.critic_settings
+    return {
+        "world_size": c.num_ranks,
+        "model": c.model or model,
+        "lr": c.lr,
+        "betas": r.learner.betas,
+        "weight_decay": c.weight_decay,
+        "grad_clip": c.grad_clip,
+        "value_clip": c.value_clip,
+        "updates_per_batch": c.updates_per_batch,
+        "micro_batch_tokens": c.micro_batch_tokens,
+        "torch_threads": c.torch_threads,
+        "timeout_s": c.timeout_s,
+        "seed": r.seed,
+    }
+
+
+def gae_settings(recipe: Recipe) -> GaeSettings:
+    """GAE's numbers from the recipe's ``[algo]``."""
+    a = recipe.algo
+    return GaeSettings(gamma=a.gae_gamma, lam=a.gae_lambda, normalize=a.normalize_advantages)
+
+
 def engine_settings(recipe: Recipe, *, model: str, tokenizer: str | None) -> EngineSettings:
     """Settings of every vLLM engine, serving ``model`` with ``tokenizer`` (None: ``model``'s)."""
     r = recipe
@@ -195,6 +231,7 @@ def worker_kwargs(recipe: Recipe, *, tokenizer: str, run_dir: Path) -> dict[str,
         "seed_sampling": ro.seed_sampling,
         **({"agent": r.env.agent, "agent_model": r.env.agent_model, "agent_max_calls": r.env.agent_max_calls,
             "agent_timeout_s": r.env.agent_timeout_s} if r.env.agent else {}),
+        **reward_kwargs(r),
     }
 
 
@@ -275,3 +312,69 @@ def lora_settings(recipe: Recipe) -> LoraSettings:
     return LoraSettings(
         rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout, target_modules=lo.target_modules, modules_to_save=list(lo.modules_to_save)
     )
+
+
+def reward_kwargs(recipe: Recipe) -> dict[str, Any]:
+    """The rollout workers' model-based reward arguments (``[reward]``; none when the reward is the
+    environment's alone): ``reward`` (:class:`~agentrl.engine.scoring.RewardSettings`), ``judge``
+    (:class:`~agentrl.engine.judge.JudgeSettings`) and ``judge_tokenizer`` (a separate judge
+    model's). The actor handles (``judge_generators``, ``reward_model``) are the controller's."""
+    from agentrl.engine.judge import JudgeSettings
+    from agentrl.engine.scoring import RewardSettings
+
+    rw = recipe.reward
+    j, m = rw.judge, rw.model
+    if j is None and m is None and rw.env_weight == 1.0:
+        return {}
+    out: dict[str, Any] = {"reward": RewardSettings(
+        env_weight=rw.env_weight, judge_weight=j.weight if j is not None else 0.0, rm_weight=m.weight if m is not None else 0.0,
+        rm_timeout_s=m.timeout_s if m is not None else 60.0, rm_prompt_field=m.prompt_field if m is not None else "question",
+    )}
+    if j is not None:
+        out["judge"] = JudgeSettings(
+            template=j.template, score_pattern=j.score_pattern, score_min=j.score_min, score_max=j.score_max,
+            max_tokens=j.max_tokens, temperature=j.temperature, timeout_s=j.timeout_s, output_regex=j.output_regex,
+        )
+        if j.model != "policy":
+            out["judge_tokenizer"] = j.model
+    return out
+
+
+def reward_cpus(recipe: Recipe) -> float:
+    """Ray CPUs of the reward actors: a separate judge's generators and the reward model."""
+    j, m = recipe.reward.judge, recipe.reward.model
+    return (j.num_generators * j.num_cpus if j is not None and j.model != "policy" else 0.0) + (m.num_cpus if m is not None else 0.0)
+
+
+def judge_actors(recipe: Recipe, log_dir: Path) -> list[ActorSpec]:
+    """The generators of a separate judge model (none when the judge is the policy, or there is
+    none): vLLM engines serving ``reward.judge.model`` as version 0 for good (no weight transfer,
+    no adapters), with the generators' engine settings otherwise; output to
+    ``log_dir/judge-<i>.log``."""
+    from dataclasses import replace
+
+    from agentrl.engine.generator import VllmGenerator
+
+    j = recipe.reward.judge
+    if j is None or j.model == "policy":
+        return []
+    settings = replace(engine_settings(recipe, model=j.model, tokenizer=None), weight_transfer=None, max_lora_rank=None)
+    return [
+        ActorSpec(VllmGenerator, {"num_cpus": j.num_cpus, "num_gpus": j.num_gpus, "runtime_env": actor_runtime_env(log_dir, f"judge-{i}")},
+                  (settings,), {"timeout_s": j.timeout_s, "version": 0})
+        for i in range(j.num_generators)
+    ]
+
+
+def reward_model_actor(recipe: Recipe, log_dir: Path) -> ActorSpec | None:
+    """The reward model's server (None without ``[reward.model]``); output to ``log_dir/reward-model.log``."""
+    from agentrl.engine.reward_model import RewardModelServer
+
+    m = recipe.reward.model
+    if m is None:
+        return None
+    options = {"num_cpus": m.num_cpus, "num_gpus": m.num_gpus, "runtime_env": actor_runtime_env(log_dir, "reward-model")}
+    return ActorSpec(RewardModelServer, options, (m.path,), {
+        "max_batch_size": m.max_batch_size, "max_wait_ms": m.max_wait_ms, "max_length": m.max_length,
+        "device": "cuda" if m.num_gpus > 0 else "cpu", "dtype": m.dtype, "torch_threads": m.torch_threads, "seed": recipe.seed,
+    })

@@ -204,3 +204,44 @@ def test_malformed_samples_raise_learner_error(tiny_calc_model):
         assert learner.train_step([])["trained_tokens"] == 0.0  # an empty batch (all groups filtered)
     finally:
         learner.shutdown()
+
+
+def test_per_token_advantages_equal_to_the_scalar_give_the_same_update(tiny_calc_model) -> None:
+    ss = make_samples(6, seed=4)
+    per_token = [{**{k: v for k, v in s.items() if k != "advantage"}, "advantages": [s["advantage"]] * len(s["tokens"])} for s in ss]
+    a = make_learner(str(tiny_calc_model))
+    try:
+        ma = a.train_step(ss)
+        wa = {k: v.clone() for k, v in a.full_state_dict().items()}
+    finally:
+        a.shutdown()
+    b = make_learner(str(tiny_calc_model))
+    try:
+        mb = b.train_step(per_token)
+        wb = b.full_state_dict()
+        held = b.hold_step()
+    finally:
+        b.shutdown()
+    assert mb["loss"] == pytest.approx(ma["loss"], rel=1e-6)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert held["step"] == 2.0 and held["trained_tokens"] == 0.0
+
+
+def test_a_per_token_advantage_moves_only_its_token(tiny_calc_model) -> None:
+    """Advantage on one token only: the loss's gradient comes from that token alone (the loss is
+    a token mean, so the others contribute exactly zero)."""
+    s = make_samples(1, seed=5, min_len=12, max_len=12)[0]
+    only = [0.0] * 12
+    only[7] = 1.0
+    learner = make_learner(str(tiny_calc_model))
+    try:
+        m = learner.train_step([{**{k: v for k, v in s.items() if k != "advantage"}, "advantages": only}])
+    finally:
+        learner.shutdown()
+    assert m["grad_norm"] > 0
+    learner = make_learner(str(tiny_calc_model))
+    try:
+        m0 = learner.train_step([{**{k: v for k, v in s.items() if k != "advantage"}, "advantages": [0.0] * 12}])
+    finally:
+        learner.shutdown()
+    assert m0["grad_norm"] == 0.0

@@ -1,0 +1,317 @@
+"""Critic: one rank of an FSDP2 group that trains a value function for PPO with GAE.
+
+The value model is a **separate model**: the trunk of a causal LM (its decoder, without the
+output projection) plus a linear head giving one number per position, initialised at zero (every
+value starts at 0, so the first advantages are the returns themselves). It is its own model, not a
+head on the policy's trunk, so that the critic and the policy never share gradients or
+optimizer state, the critic can be a different (smaller or larger) model, and its group trains
+while the learner trains (the two run at the same time on their own ranks). By default it starts
+from the policy's starting weights, as in verl and OpenRLHF.
+
+The value of a token position is the value of the state *before* that token is written: the head
+reads the hidden state of the previous position, exactly as the policy's log-prob of token ``t``
+comes from position ``t - 1``. Only positions whose ``loss_mask`` is 1 (the model's own tokens,
+the actions) get a value; the rest are the environment's (see :mod:`agentrl.algos.gae`).
+
+Like :class:`~agentrl.engine.learner.Learner`, ``Critic`` is a plain class the controller wraps as
+a Ray actor; every method that touches the model is a collective of the critic's group (its own
+``torch.distributed`` group, in its own processes). A training sample is a dict with ``tokens``,
+``loss_mask``, ``returns`` and ``values`` (per token: the GAE value targets and the values the
+critic gave before this batch's first update).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from agentrl.algos.value_loss import clipped_value_loss
+from agentrl.engine.devices import join_process_group
+from agentrl.engine.learner import plan_microbatches
+from agentrl.errors import LearnerError
+
+__all__ = ["Critic", "ValueModel"]
+
+
+class ValueModel(torch.nn.Module):
+    """A causal LM's decoder trunk and a zero-initialised linear value head."""
+
+    def __init__(self, lm: Any) -> None:
+        super().__init__()
+        trunk = lm.get_decoder() if hasattr(lm, "get_decoder") else None
+        if trunk is None:
+            raise LearnerError(f"{type(lm).__name__} has no decoder trunk (get_decoder()); it cannot be a critic")
+        self.trunk = trunk
+        self.config = lm.config
+        hidden = int(getattr(lm.config, "hidden_size", 0) or lm.get_input_embeddings().embedding_dim)
+        self.head = torch.nn.Linear(hidden, 1)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    def forward(self, ids: torch.Tensor, attn: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
+        """Values of the positions ``select`` (``[B, T-1]``, about tokens ``1..T-1``), flat ``[N]``:
+        the head applied to the hidden state of the position before each selected token."""
+        hidden = self.trunk(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]
+        return self.head(hidden[select].float()).squeeze(-1).clone()  # not a view: FSDP's backward hook
+
+
+class _ValueBatch:
+    """One padded micro-batch of critic samples (per-target tensors are ``[B, T-1]``)."""
+
+    def __init__(self, rows: list[dict[str, Any]], pad_id: int, device: torch.device, with_targets: bool) -> None:
+        longest = max(len(r["tokens"]) for r in rows)
+        B = len(rows)
+        ids = torch.full((B, longest), pad_id, dtype=torch.long)
+        attn = torch.zeros((B, longest), dtype=torch.long)
+        mask = torch.zeros((B, longest), dtype=torch.bool)
+        returns = torch.zeros((B, longest), dtype=torch.float32)
+        old = torch.zeros((B, longest), dtype=torch.float32)
+        for b, r in enumerate(rows):
+            n = len(r["tokens"])
+            ids[b, :n] = torch.as_tensor(r["tokens"], dtype=torch.long)
+            attn[b, :n] = 1
+            mask[b, :n] = torch.as_tensor(r["loss_mask"]) > 0
+            if with_targets:
+                returns[b, :n] = torch.as_tensor(r["returns"], dtype=torch.float32)
+                old[b, :n] = torch.as_tensor(r["values"], dtype=torch.float32)
+        self.ids, self.attn = ids.to(device), attn.to(device)
+        self.select = mask[:, 1:].to(device)
+        self.returns, self.old_values = returns[:, 1:].to(device), old[:, 1:].to(device)
+
+    def pad(self, flat: torch.Tensor) -> torch.Tensor:
+        """Scatter a flat tensor over the selected positions into ``[B, T-1]`` (zeros elsewhere)."""
+        return torch.zeros(self.select.shape, dtype=flat.dtype, device=flat.device).masked_scatter(self.select, flat)
+
+
+class Critic:
+    """One critic rank. Call ``setup()`` on every rank before anything else.
+
+    ``model``: the folder or hub id whose trunk becomes the value model; ``lr``, ``betas``,
+    ``weight_decay``, ``grad_clip``: AdamW and gradient clipping of the critic; ``value_clip``:
+    :func:`~agentrl.algos.value_loss.clipped_value_loss`'s clip (None: plain squared error);
+    ``updates_per_batch``: optimizer updates per batch (contiguous mini-batches);
+    ``micro_batch_tokens``: padded tokens per forward pass; ``timeout_s``: the process group's
+    collective timeout.
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+        model: str,
+        lr: float = 1e-5,
+        betas: tuple[float, float] = (0.9, 0.999),
+        weight_decay: float = 0.0,
+        grad_clip: float = 1.0,
+        value_clip: float | None = 0.2,
+        updates_per_batch: int = 1,
+        micro_batch_tokens: int = 8192,
+        torch_threads: int = 1,
+        timeout_s: float = 900.0,
+        seed: int = 0,
+    ) -> None:
+        if updates_per_batch < 1 or micro_batch_tokens < 1:
+            raise LearnerError("critic: updates_per_batch and micro_batch_tokens must be >= 1")
+        if value_clip is not None and value_clip <= 0:
+            raise LearnerError(f"critic: value_clip must be > 0 or None, got {value_clip}")
+        self.rank, self.world_size = rank, world_size
+        self.master_addr, self.master_port = master_addr, master_port
+        self.model_name = model
+        self.lr, self.betas, self.weight_decay, self.grad_clip = lr, betas, weight_decay, grad_clip
+        self.value_clip = value_clip
+        self.updates_per_batch, self.micro_batch_tokens = updates_per_batch, micro_batch_tokens
+        self.torch_threads, self.timeout_s, self.seed = torch_threads, timeout_s, seed
+        self.model: ValueModel | Any = None
+        self.step = 0
+        """Completed ``train_step`` calls."""
+
+    def setup(self) -> dict[str, Any]:
+        """Join the critic's process group, build and shard the value model, build AdamW."""
+        from torch.distributed.fsdp import fully_shard
+
+        from agentrl.models.loading import load_causal_lm
+
+        torch.manual_seed(self.seed)
+        if not torch.cuda.is_available():
+            torch.set_num_threads(self.torch_threads)
+        backend, self.device = join_process_group(
+            self.rank, self.world_size, self.master_addr, self.master_port, self.timeout_s, "critic"
+        )
+        try:
+            lm = load_causal_lm(self.model_name, dtype=torch.float32)
+            model = ValueModel(lm)
+            del lm  # the output projection is not needed
+            model.to(self.device)
+            model.config.use_cache = False
+            if self.world_size > 1:
+                for layer in [m for m in model.trunk.modules() if type(m).__name__.endswith("DecoderLayer")]:
+                    fully_shard(layer)
+            fully_shard(model)
+        except BaseException:
+            dist.destroy_process_group()
+            raise
+        self.model = model
+        self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=self.lr, betas=self.betas, weight_decay=self.weight_decay
+        )
+        return {
+            "rank": self.rank,
+            "backend": backend,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "pid": os.getpid(),
+        }
+
+    def _require_setup(self) -> None:
+        if self.model is None:
+            raise LearnerError("critic not set up (call setup() on every rank first)")
+
+    def _check(self, samples: list[dict[str, Any]], with_targets: bool) -> None:
+        keys = ("tokens", "loss_mask", "returns", "values") if with_targets else ("tokens", "loss_mask")
+        for i, s in enumerate(samples):
+            missing = [k for k in keys if k not in s]
+            if missing:
+                raise LearnerError(f"critic sample {i} lacks {missing}")
+            n = len(s["tokens"])
+            bad = [k for k in keys[1:] if len(s[k]) != n]
+            if bad:
+                raise LearnerError(f"critic sample {i}: {bad} differ in length from tokens ({n})")
+            if n < 2:
+                raise LearnerError(f"critic sample {i} has {n} token(s); need at least 2")
+
+    def _micro(self, rows: list[dict[str, Any]], with_targets: bool) -> tuple[_ValueBatch, bool]:
+        """The micro-batch of ``rows``, or a two-token stand-in with zero weight for a rank with
+        nothing to do this round (FSDP collectives must match across ranks)."""
+        if rows:
+            return _ValueBatch(rows, self.pad_id, self.device, with_targets), True
+        dummy = {"tokens": [self.pad_id] * 2, "loss_mask": [0, 1], "returns": [0.0, 0.0], "values": [0.0, 0.0]}
+        return _ValueBatch([dummy], self.pad_id, self.device, with_targets), False
+
+    @torch.no_grad()
+    def values(self, samples: list[dict[str, Any]]) -> list[list[float]]:
+        """The value of every position whose ``loss_mask`` is 1 (0.0 elsewhere), laid out like
+        ``tokens``: entry ``t`` is ``V(tokens[:t])``, the state before token ``t``. Collective;
+        every rank returns the whole list."""
+        self._require_setup()
+        self._check(samples, with_targets=False)
+        self.model.eval()
+        plan = plan_microbatches([len(s["tokens"]) for s in samples], self.micro_batch_tokens, self.world_size)
+        mine: dict[int, list[float]] = {}
+        for micro in plan[self.rank :: self.world_size]:
+            batch, real = self._micro([samples[i] for i in micro], False)
+            v = batch.pad(self.model(batch.ids, batch.attn, batch.select)).cpu()
+            if not real:
+                continue
+            for b, i in enumerate(micro):
+                n = len(samples[i]["tokens"])
+                mine[i] = [0.0] + v[b, : n - 1].tolist()
+        if self.world_size > 1:
+            parts: list[Any] = [None] * self.world_size
+            dist.all_gather_object(parts, mine)
+            for p in parts:
+                mine.update(p)
+        return [mine[i] for i in range(len(samples))]
+
+    def train_step(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """``updates_per_batch`` AdamW updates of the clipped value loss on ``samples`` (every rank
+        receives the same list). Returns, summed across ranks: ``value_loss`` (mean over the
+        mini-batches), ``value_clip_fraction`` (action tokens where the clipped term bound),
+        ``value_mse`` (mean squared error to the returns before the update, over action
+        tokens), ``value_tokens``, ``value_grad_norm`` (last update), ``critic_s``."""
+        self._require_setup()
+        self._check(samples, with_targets=True)
+        t0 = time.monotonic()
+        self.model.train()
+        acc = torch.zeros(4, dtype=torch.float64)  # loss, tokens, clipped, squared error
+        k = max(1, min(self.updates_per_batch, len(samples)))
+        bounds = [round(i * len(samples) / k) for i in range(k + 1)]
+        grad_norm = 0.0
+        for u in range(k if samples else 0):
+            rows = samples[bounds[u] : bounds[u + 1]]
+            num_tokens = float(sum(sum(1 for m in s["loss_mask"][1:] if m) for s in rows))
+            plan = plan_microbatches([len(s["tokens"]) for s in rows], self.micro_batch_tokens, self.world_size)
+            for micro in plan[self.rank :: self.world_size]:
+                batch, real = self._micro([rows[i] for i in micro], True)
+                v = batch.pad(self.model(batch.ids, batch.attn, batch.select))
+                mask = batch.select.float()
+                loss, stats = clipped_value_loss(v, batch.old_values, batch.returns, mask, self.value_clip, num_tokens)
+                (loss * (self.world_size if real else 0.0)).backward()
+                if real:
+                    acc += torch.stack([
+                        loss.detach().double() / k, stats["tokens"].double(), stats["clipped"].double(), stats["sq_error"].double()
+                    ]).cpu()
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            if hasattr(norm, "full_tensor"):
+                norm = norm.full_tensor()
+            grad_norm = float(norm)
+            if torch.isfinite(torch.tensor(grad_norm)):
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        if self.world_size > 1:
+            dist.all_reduce(acc)
+        tokens = max(1.0, acc[1].item())
+        return {
+            "value_loss": acc[0].item(),
+            "value_clip_fraction": acc[2].item() / tokens,
+            "value_mse": acc[3].item() / tokens,
+            "value_tokens": acc[1].item(),
+            "value_grad_norm": grad_norm,
+            "critic_s": time.monotonic() - t0,
+        }
+
+    def save_checkpoint(self, out_dir: str) -> str:
+        """Save the value model and AdamW state (collective) into ``out_dir``, atomically:
+        ``torch.distributed.checkpoint`` files plus ``trainer_state.json`` (step)."""
+        from agentrl.engine.checkpoint import save_sharded_state, write_trainer_state
+
+        self._require_setup()
+        final = Path(out_dir)
+        tmp = final.with_name(f".{final.name}.tmp")
+        try:
+            if self.rank == 0:
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                tmp.mkdir(parents=True)
+            dist.barrier()
+            has_optim = save_sharded_state(self.model, self.optimizer, tmp)
+            if self.rank == 0:
+                write_trainer_state(tmp, {"step": self.step, "has_optimizer_state": has_optim,
+                                          "world_size": self.world_size, "model": self.model_name, "kind": "critic"})
+            dist.barrier()
+            if self.rank == 0:
+                if final.exists():
+                    shutil.rmtree(final)
+                os.replace(tmp, final)
+            dist.barrier()
+        except Exception as exc:
+            raise LearnerError(f"critic rank {self.rank}: saving the checkpoint {final} failed: {exc}") from exc
+        return str(final)
+
+    def load_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
+        """Restore what :meth:`save_checkpoint` wrote (collective, possibly another rank count)."""
+        from agentrl.engine.checkpoint import load_sharded_state, read_trainer_state
+
+        self._require_setup()
+        folder = Path(checkpoint_dir)
+        state = read_trainer_state(folder)
+        try:
+            load_sharded_state(self.model, self.optimizer, folder, bool(state["has_optimizer_state"]))
+        except Exception as exc:
+            raise LearnerError(f"critic rank {self.rank}: loading the checkpoint {folder} failed: {exc}") from exc
+        self.step = int(state["step"])
+        return state
+
+    def shutdown(self) -> None:
+        """Leave the process group."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
