@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, model_validator
 
+from agentrl.engine import judge as _judge
 from agentrl.errors import ConfigError
 
 __all__ = [
@@ -36,6 +37,9 @@ __all__ = [
     "EvalConfig",
     "CheckpointConfig",
     "WandbConfig",
+    "RewardConfig",
+    "JudgeConfig",
+    "RewardModelConfig",
     "load_recipe",
     "parse_override",
 ]
@@ -361,10 +365,17 @@ class LearnerConfig(_Section):
 class AlgoConfig(_Section):
     """The RL objective."""
 
-    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = "grpo"
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"] = "grpo"
     """Advantage estimator: ``grpo`` (group mean and std), ``dr_grpo`` (group mean only),
     ``rloo`` (leave-one-out mean), ``reinforce_pp`` (batch mean and std), ``reinforce_pp_baseline``
-    (group mean removed, then batch-normalised). See ``agentrl/algos/``."""
+    (group mean removed, then batch-normalised), ``gae`` (PPO: per-token GAE with a learned
+    critic, configured in ``[critic]``; groups of one are fine). See ``agentrl/algos/``."""
+    gae_gamma: float = Field(1.0, ge=0, le=1)
+    """GAE's discount per action token (``gae`` only; tool output is skipped, not discounted)."""
+    gae_lambda: float = Field(0.95, ge=0, le=1)
+    """GAE's lambda (``gae`` only): 1 gives ``R - V``, 0 the one-step TD error."""
+    normalize_advantages: bool = True
+    """Whiten GAE advantages over the batch's action tokens (``gae`` only)."""
     filter_zero_variance_groups: bool = False
     """Drop groups whose samples all got the same reward (DAPO dynamic sampling). Off by default:
     agentrl does not over-sample to refill the batch, so filtering makes batch sizes vary."""
@@ -426,6 +437,42 @@ class AlgoConfig(_Section):
                 f"overlong_max_tokens ({self.overlong_max_tokens})"
             )
         return self
+
+
+class CriticConfig(_Section):
+    """PPO's value model (``algo.advantage = "gae"``): a separate model, the trunk of a causal LM
+    plus a zero-initialised value head, trained by its own group of FSDP2 ranks beside the learner."""
+
+    model: str | None = None
+    """Folder or hub id whose trunk becomes the critic; default: the model RL starts from (after SFT)."""
+    lr: float = Field(1e-5, gt=0)
+    """AdamW learning rate of the critic."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay of the critic."""
+    grad_clip: float = Field(1.0, gt=0)
+    """Clip the critic's global gradient norm to this value."""
+    value_clip: float | None = Field(0.5, gt=0)
+    """PPO value clipping: a batch moves no value further than this from where it was
+    (``agentrl/algos/value_loss.py``); ``None``: plain squared error. 0.5 is verl's default."""
+    warmup_steps: int = Field(0, ge=0)
+    """The first this many learner steps train only the critic (the policy's version still
+    advances, with unchanged weights, so the staleness window keeps moving)."""
+    updates_per_batch: int = Field(1, gt=0)
+    """Critic optimizer updates per batch (contiguous mini-batches)."""
+    micro_batch_tokens: int = Field(8192, gt=0)
+    """Token budget of one critic micro-batch (padding included)."""
+    num_ranks: int = Field(1, gt=0)
+    """Critic processes forming one torch.distributed group (their own, apart from the learner's)."""
+    num_cpus: float = Field(1.0, gt=0)
+    """Ray CPUs reserved per critic rank."""
+    num_gpus: float = Field(0.0, ge=0)
+    """Ray GPUs per critic rank."""
+    torch_threads: int = Field(1, gt=0)
+    """torch intra-op threads per critic rank on CPU."""
+    cpu_affinity: list[NonNegativeInt] | None = Field(None, min_length=1)
+    """Pin each critic rank to these CPU cores (as ``learner.cpu_affinity``); None: not pinned."""
+    timeout_s: float = Field(900.0, gt=0)
+    """Longest wait for one critic call (values, a training step, a checkpoint), seconds."""
 
 
 class SftConfig(_Section):
@@ -522,6 +569,108 @@ class WandbConfig(_Section):
     """Run tags."""
 
 
+class JudgeConfig(_Section):
+    """An LLM judge that scores each finished training episode (``agentrl/engine/judge.py``): the
+    template is sent as one user message, the score is read from the answer with
+    ``score_pattern`` and mapped from ``[score_min, score_max]`` to ``[0, 1]``. A judge that times
+    out or answers without a score in range makes the episode an infrastructure failure, kept out
+    of the loss (never a reward of 0)."""
+
+    model: str = "policy"
+    """``policy``: the policy's own generators judge (the current weights); else a folder or hub id
+    served by a second group of generators that never receive weight updates."""
+    weight: float = Field(1.0, allow_inf_nan=False)
+    """Weight of the judge's score (in [0, 1]) in the episode's reward."""
+    template: str = _judge.DEFAULT_TEMPLATE
+    """The judge's prompt. Placeholders: ``{response}`` (the model's last turn), ``{transcript}``
+    (everything after the prompt: model turns and tool outputs), ``{<field>}`` (any field of the
+    dataset row, e.g. ``{question}``, ``{answer}``); other braces are left as written."""
+    score_pattern: str = _judge.DEFAULT_SCORE_PATTERN
+    """Regex of the score in the answer: its first group (or the whole match) is the number; the
+    last match counts."""
+    score_min: float = Field(0.0, allow_inf_nan=False)
+    """The lowest score the template asks for (mapped to 0)."""
+    score_max: float = Field(10.0, allow_inf_nan=False)
+    """The highest score the template asks for (mapped to 1)."""
+    output_regex: str | None = None
+    """Constrain the judge's whole answer to this regex with vLLM structured outputs, e.g.
+    ``"Score: [0-9]"`` (vLLM generators only); None: free text, searched with ``score_pattern``."""
+    max_tokens: int = Field(64, gt=0)
+    """Most tokens of the judge's answer."""
+    temperature: float = Field(0.0, ge=0)
+    """Sampling temperature of the judge (0: greedy)."""
+    timeout_s: float = Field(60.0, gt=0)
+    """Longest wait for one judge answer, seconds."""
+    num_generators: int = Field(1, gt=0)
+    """Generators of a separate judge model (unused with ``model = "policy"``)."""
+    num_cpus: float = Field(1.0, gt=0)
+    """Ray CPUs per judge generator (separate model only)."""
+    num_gpus: float = Field(0.0, ge=0)
+    """Ray GPUs per judge generator (separate model only)."""
+
+    @model_validator(mode="after")
+    def _check_judge(self) -> "JudgeConfig":
+        import re
+
+        if not any("{" + name + "}" in self.template for name in _judge.EPISODE_PLACEHOLDERS):
+            raise ValueError("template must contain {response} or {transcript} (what the judge is to score)")
+        if self.score_max <= self.score_min:
+            raise ValueError(f"score_max ({self.score_max:g}) must be greater than score_min ({self.score_min:g})")
+        for name in ("score_pattern", "output_regex"):
+            pattern = getattr(self, name)
+            if pattern is not None:
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    raise ValueError(f"{name} {pattern!r} is not a valid regex: {exc}") from None
+        return self
+
+
+class RewardModelConfig(_Section):
+    """A sequence-classification reward model (``AutoModelForSequenceClassification``, one label)
+    served by one Ray actor that batches the rollout workers' requests
+    (``agentrl/engine/reward_model.py``). It scores the conversation ``[user: the row's
+    prompt_field, assistant: the model's last turn]``; a failure or a timeout makes the episode
+    an infrastructure failure, kept out of the loss."""
+
+    path: str
+    """Folder or hub id of the reward model."""
+    weight: float = Field(1.0, allow_inf_nan=False)
+    """Weight of the reward model's score (its raw output) in the episode's reward."""
+    prompt_field: str = "question"
+    """The dataset row's field shown as the user's message."""
+    max_batch_size: int = Field(16, gt=0)
+    """Most episodes scored in one forward pass."""
+    max_wait_ms: float = Field(5.0, ge=0)
+    """How long a request waits for others to share its forward pass, milliseconds."""
+    max_length: int = Field(2048, gt=0)
+    """Conversations are cut to this many tokens (keeping their end)."""
+    timeout_s: float = Field(60.0, gt=0)
+    """Longest wait for one episode's score, seconds."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype (float32 on CPU)."""
+    num_cpus: float = Field(1.0, gt=0)
+    """Ray CPUs of the reward model's actor."""
+    num_gpus: float = Field(0.0, ge=0)
+    """Ray GPUs of the reward model's actor (it runs on the GPU when it has one)."""
+    torch_threads: int = Field(1, gt=0)
+    """torch threads of the actor on CPU."""
+
+
+class RewardConfig(_Section):
+    """How an episode's reward is made: ``env_weight * env_reward + judge.weight * judge_score +
+    model.weight * rm_score`` (``agentrl/engine/scoring.py``). Without a judge and a reward model,
+    the environment's rule-based reward alone (times ``env_weight``). Evaluation always reports
+    the environment's reward alone."""
+
+    env_weight: float = Field(1.0, allow_inf_nan=False)
+    """Weight of the environment's rule-based reward."""
+    judge: JudgeConfig | None = None
+    """An LLM judge (absent: none)."""
+    model: RewardModelConfig | None = None
+    """A reward model (absent: none)."""
+
+
 class RayConfig(_Section):
     """Where the actors run."""
 
@@ -571,8 +720,12 @@ class Recipe(_Section):
     """Checkpoints and resume."""
     lora: LoraConfig | None = None
     """Adapter-only training (absent: full fine-tuning)."""
+    critic: CriticConfig | None = None
+    """PPO's value model, for ``algo.advantage = "gae"`` (absent: the defaults of ``[critic]``)."""
     wandb: WandbConfig = WandbConfig()
     """Optional Weights & Biases logging."""
+    reward: RewardConfig = RewardConfig()
+    """The reward: the environment's, optionally with an LLM judge's and a reward model's."""
 
     @model_validator(mode="after")
     def _check_batch(self) -> "Recipe":
@@ -596,6 +749,27 @@ class Recipe(_Section):
             raise ValueError(f"lora.modules_to_save = {lo.modules_to_save}: vLLM cannot serve adapters that save whole modules; only mode = 'sft' accepts them")
         if lo.max_loras < self.max_staleness + 2:
             raise ValueError(f"lora.max_loras = {lo.max_loras} must be at least max_staleness + 2 = {self.max_staleness + 2} (versions in flight at once)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_critic(self) -> "Recipe":
+        if self.critic is not None and self.algo.advantage != "gae":
+            raise ValueError(
+                f'critic: the [critic] section trains a value function for algo.advantage = "gae"; this recipe uses '
+                f'"{self.algo.advantage}" (set algo.advantage = "gae" or remove [critic])'
+            )
+        return self
+
+    @property
+    def critic_settings(self) -> CriticConfig:
+        """The ``[critic]`` section in force (its defaults when absent)."""
+        return self.critic if self.critic is not None else CriticConfig()
+
+    @model_validator(mode="after")
+    def _check_reward(self) -> "Recipe":
+        j = self.reward.judge
+        if j is not None and j.output_regex is not None and j.model == "policy" and self.generator.backend == "http":
+            raise ValueError('reward.judge.output_regex needs vLLM generators (generator.backend = "vllm") to judge with the policy')
         return self
 
     @model_validator(mode="after")

@@ -156,3 +156,15 @@ def test_sandbox_preload_is_for_bubblewrap():
     assert Recipe.model_validate({"model": {"path": "m"}}).sandbox.preload is None
     with pytest.raises(Exception, match="only used by the bubblewrap"):
         Recipe.model_validate({"model": {"path": "m"}, "sandbox": {"type": "docker", "preload": ["numpy"]}})
+
+
+def test_gae_takes_a_critic_section_and_other_estimators_refuse_it(tmp_path):
+    recipe = load_recipe(write(tmp_path, MINIMAL + '[algo]\nadvantage = "gae"\ngae_lambda = 0.9\n[critic]\nlr = 1e-3\nwarmup_steps = 3\n'))
+    assert recipe.critic_settings.lr == 1e-3 and recipe.algo.gae_lambda == 0.9
+    assert load_recipe(write(tmp_path, MINIMAL + '[algo]\nadvantage = "gae"\n', "d.toml")).critic_settings.value_clip == 0.5
+    with pytest.raises(ConfigError, match='critic.*advantage = "gae".*"grpo"'):
+        load_recipe(write(tmp_path, MINIMAL + "[critic]\nlr = 1e-3\n", "c.toml"))
+    with pytest.raises(ConfigError, match="gae_gamma"):
+        load_recipe(write(tmp_path, MINIMAL + '[algo]\nadvantage = "gae"\ngae_gamma = 1.5\n', "g.toml"))
+    with pytest.raises(ConfigError, match="value_clip"):
+        load_recipe(write(tmp_path, MINIMAL + '[algo]\nadvantage = "gae"\n[critic]\nvalue_clip = 0\n', "v.toml"))

@@ -37,3 +37,12 @@ def test_the_sandbox_line_says_which_limits_are_in_force(tiny_calc_model):
     line = lines["sandbox"]
     assert line.split()[0] == "ok" and "allowlist filter" in line, line
     assert "limits: cgroup v1 (memory, pids, cpu) per execution tree" in line, line
+
+
+def test_the_objective_line_names_the_estimator_and_the_critic(tmp_path):
+    base = {"model": {"path": str(tmp_path / "to-build"), "build": "tiny"}, "sandbox": {"type": "unsafe-local"}, "eval": {"limit": 0}}
+    _, lines = lines_of(base)
+    assert "grpo advantages over groups of" in lines["objective"]
+    _, lines = lines_of({**base, "algo": {"advantage": "gae"}, "critic": {"warmup_steps": 4}})
+    assert "gae advantages per token" in lines["objective"] and "first 4 steps train the critic alone" in lines["objective"]
+    assert "1 critic ranks" in lines["resources"]

@@ -4,7 +4,9 @@ Nothing here knows about Ray, vLLM or environments; each function's docstring gi
 
 - advantages: :mod:`~agentrl.algos.grpo`, :mod:`~agentrl.algos.dr_grpo`, :mod:`~agentrl.algos.rloo`,
   :mod:`~agentrl.algos.reinforce_pp` (chosen by name in :mod:`~agentrl.algos.advantages`);
-  :mod:`~agentrl.algos.dynamic_sampling` (zero-variance groups), :mod:`~agentrl.algos.overlong`.
+  :mod:`~agentrl.algos.dynamic_sampling` (zero-variance groups), :mod:`~agentrl.algos.overlong`;
+  :mod:`~agentrl.algos.gae` (per-token advantages from a critic's values, PPO) and
+  :mod:`~agentrl.algos.value_loss` (the critic's clipped loss).
 - policy losses: :mod:`~agentrl.algos.ppo` (clip-higher, dual clip), :mod:`~agentrl.algos.gspo`;
   :mod:`~agentrl.algos.aggregation` (token-mean, seq-mean-token-sum, seq-mean-token-mean).
 - off-policy corrections: :mod:`~agentrl.algos.decoupled` (proximal policy),
@@ -19,6 +21,7 @@ from agentrl.algos.aggregation import AGGREGATION_MODES, aggregate_loss
 from agentrl.algos.decoupled import decoupled_ppo_token_loss
 from agentrl.algos.dr_grpo import dr_grpo_advantages
 from agentrl.algos.dynamic_sampling import nonzero_variance_mask
+from agentrl.algos.gae import gae_advantages, whiten
 from agentrl.algos.grpo import grpo_advantages
 from agentrl.algos.gspo import gspo_ratio, sequence_mean
 from agentrl.algos.kl import kl_penalty
@@ -29,6 +32,7 @@ from agentrl.algos.ratio_mask import ratio_band_mask
 from agentrl.algos.reinforce_pp import reinforce_pp_advantages
 from agentrl.algos.rloo import rloo_advantages
 from agentrl.algos.tis import truncated_is_weight
+from agentrl.algos.value_loss import clipped_value_loss
 
 __all__ = [
     "AGGREGATION_MODES",
@@ -36,9 +40,11 @@ __all__ = [
     "STAT_KEYS",
     "ObjectiveSettings",
     "aggregate_loss",
+    "clipped_value_loss",
     "compute_advantages",
     "decoupled_ppo_token_loss",
     "dr_grpo_advantages",
+    "gae_advantages",
     "group_advantages",
     "grpo_advantages",
     "gspo_ratio",
@@ -53,4 +59,5 @@ __all__ = [
     "rloo_advantages",
     "sequence_mean",
     "truncated_is_weight",
+    "whiten",
 ]

@@ -78,3 +78,16 @@ def test_ray_init_sizes_a_local_cluster_or_joins_one():
     assert wiring.ray_init_kwargs(recipe(ray={"address": "auto"}))["address"] == "auto"
     local = wiring.ray_init_kwargs(recipe(generator={"num_generators": 2, "num_cpus": 1.5}, learner={"num_ranks": 2, "num_cpus": 1}))
     assert local["num_cpus"] >= 2 * 1.5 + 2 and "address" not in local
+
+
+def test_critic_kwargs_and_gae_settings_for_ppo():
+    r = recipe(algo={"advantage": "gae", "gae_gamma": 0.99, "gae_lambda": 0.9, "normalize_advantages": False},
+               critic={"lr": 1e-3, "num_ranks": 2, "value_clip": 0.3, "updates_per_batch": 2},
+               learner={"num_cpus": 1, "num_ranks": 1})
+    kw = wiring.critic_kwargs(r, model="/start")
+    assert (kw["model"], kw["lr"], kw["world_size"], kw["value_clip"], kw["updates_per_batch"]) == ("/start", 1e-3, 2, 0.3, 2)
+    g = wiring.gae_settings(r)
+    assert (g.gamma, g.lam, g.normalize) == (0.99, 0.9, False)
+    assert wiring.critic_kwargs(recipe(algo={"advantage": "gae"}, critic={"model": "/value"}), model="/start")["model"] == "/value"
+    # the local Ray cluster counts the critic's CPUs
+    assert wiring.ray_init_kwargs(r)["num_cpus"] == wiring.ray_init_kwargs(recipe(learner={"num_cpus": 1, "num_ranks": 1}))["num_cpus"] + 2
