@@ -126,7 +126,54 @@ def _resources(recipe: Recipe) -> tuple[str, str]:
     g, lr = recipe.generator, recipe.learner
     gpus = g.num_generators * max(g.num_gpus, g.tensor_parallel_size if g.num_gpus else 0) + lr.num_ranks * lr.num_gpus
     cpus = g.num_generators * g.num_cpus + lr.num_ranks * lr.num_cpus + recipe.rollout.num_workers * recipe.rollout.num_cpus
-    return "ok", f"needs {gpus:g} GPUs and {cpus:g} CPUs in the Ray cluster ({g.num_generators} generators, {lr.num_ranks} learner ranks)"
+    critic = ""
+    if recipe.algo.advantage == "gae":
+        c = recipe.critic_settings
+        gpus, cpus = gpus + c.num_ranks * c.num_gpus, cpus + c.num_ranks * c.num_cpus
+        critic = f", {c.num_ranks} critic ranks"
+    return "ok", f"needs {gpus:g} GPUs and {cpus:g} CPUs in the Ray cluster ({g.num_generators} generators, {lr.num_ranks} learner ranks{critic})"
+
+
+def _objective(recipe: Recipe) -> tuple[str, str]:
+    """The advantage estimator and, for PPO with GAE, the critic."""
+    a = recipe.algo
+    if a.advantage != "gae":
+        return "ok", f"{a.advantage} advantages over groups of {recipe.rollout.group_size}, {a.policy_loss} loss"
+    c = recipe.critic_settings
+    start = c.model or "the model RL starts from"
+    warm = f", the first {c.warmup_steps} steps train the critic alone" if c.warmup_steps else ""
+    return "ok", (f"gae advantages per token (gamma {a.gae_gamma:g}, lambda {a.gae_lambda:g}), {a.policy_loss} loss; critic: "
+                  f"trunk of {start} + value head, lr {c.lr:g}, value clip {c.value_clip}{warm}")
+
+
+def _reward(recipe: Recipe) -> tuple[str, str]:
+    """The reward's composition; a separate judge's tokenizer and the reward model's folder."""
+    import re
+
+    from agentrl.models.loading import load_tokenizer, looks_like_local_path
+
+    rw = recipe.reward
+    j, m = rw.judge, rw.model
+    parts = [f"{rw.env_weight:g} * env_reward"]
+    notes = []
+    if j is not None:
+        parts.append(f"{j.weight:g} * judge_score")
+        notes.append(f"judge: {'the policy' + chr(39) + 's generators' if j.model == 'policy' else j.model}")
+        named = set(re.findall(r"\{(\w+)\}", j.template)) - {"response", "transcript"}
+        if named:
+            notes.append(f"template fields from the row: {', '.join(sorted(named))}")
+        if j.model != "policy":
+            try:
+                load_tokenizer(j.model)
+            except ModelError as exc:
+                return ("error" if looks_like_local_path(j.model) else "offline"), f"judge model: {exc}"
+    if m is not None:
+        parts.append(f"{m.weight:g} * rm_score")
+        if looks_like_local_path(m.path) and not (Path(m.path) / "config.json").is_file():
+            return "error", f"reward model {m.path!r}: no config.json there"
+        notes.append(f"reward model: {m.path} (batches of up to {m.max_batch_size})")
+    detail = "reward = " + " + ".join(parts)
+    return "ok", detail + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def dry_run(recipe: Recipe, echo: Callable[[str], None] = print) -> bool:
@@ -136,6 +183,8 @@ def dry_run(recipe: Recipe, echo: Callable[[str], None] = print) -> bool:
         ("data", lambda: _data(recipe, recipe.data.split, recipe.data.limit)),
         ("eval data", lambda: _data(recipe, recipe.eval.split, recipe.eval.limit, recipe.eval.source, recipe.eval.fields) if recipe.eval.limit else ("ok", "no evaluation")),
         ("environment", lambda: _env(recipe)),
+        ("reward", lambda: _reward(recipe)),
+        ("objective", lambda: _objective(recipe)),
         ("prompt", lambda: _prompt(recipe)),
         ("sandbox", lambda: _sandbox(recipe)),
         ("resources", lambda: _resources(recipe)),

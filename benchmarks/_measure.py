@@ -142,3 +142,23 @@ def emit(text: str, key: str, write: bool, section: str | None = None) -> None:
     if write:
         write_block(key, text, section=section)
         print(f"\nwritten to the {key!r} block of {RESULTS}")
+
+
+def eval_curve(run_dir: str) -> list[dict]:
+    """``[{version, rl_s, accuracy, tool_call_rate}]`` of an agentrl run's evaluations, read from
+    its ``metrics.jsonl``: ``rl_s`` is the RL loop's wall-clock at the evaluation without the time
+    spent in evaluations before it (version 0, before RL, is at 0)."""
+    import json
+    from pathlib import Path
+
+    recs = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    start = next(r["time"] for r in recs if r.get("loop_start"))
+    out, eval_s = [], 0.0
+    for r in recs:
+        if r.get("kind") != "eval":
+            continue
+        at = max(0.0, r["time"] - r.get("eval_s", 0.0) - start - eval_s) if r["version"] else 0.0
+        if r["version"]:
+            eval_s += r.get("eval_s", 0.0)
+        out.append({"version": r["version"], "rl_s": at, "accuracy": r["accuracy"], "tool_call_rate": r.get("tool_call_rate", 0.0)})
+    return out

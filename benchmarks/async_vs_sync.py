@@ -245,10 +245,30 @@ def format_sweep(key: str, points: dict[str, dict[Config, list[Run]]], staleness
     return "\n".join(lines)
 
 
-def block_key(extra: list[str]) -> str:
+def build_tiny(out: Path, shape: str) -> Path:
+    """An untrained tiny model of the given shape (``KEY=V,...`` of ``TinyModelSpec``), its
+    tokenizer trained on 500 Calc rows (as the tests' tiny model)."""
+    from agentrl.envs.corpus import tokenizer_corpus
+    from agentrl.envs.data import load_rows
+    from agentrl.models.tiny import TinyModelSpec, build_tiny_model
+
+    fields = dict(item.split("=", 1) for item in shape.split(","))
+    spec = TinyModelSpec(**{k.strip(): int(v) for k, v in fields.items()})
+    return Path(build_tiny_model(out, tokenizer_corpus("agentrl/Calc-v0", load_rows("synthetic:calc", limit=500)), spec))
+
+
+def block_key(extra: list[str], args: argparse.Namespace | None = None) -> str:
     """The RESULTS.md block this run's ``--write`` replaces: ``async_vs_sync`` plus the
-    ``--set`` overrides (runs with other overrides get blocks of their own)."""
-    return " ".join(["async_vs_sync", *extra])
+    ``--set`` overrides and, when given, the recipe's and the model's folder names (runs with
+    other overrides, recipes or models get blocks of their own)."""
+    named = []
+    if args is not None and args.recipe.name != "tiny_calc.toml":
+        named.append(f"--recipe {args.recipe.name}")
+    if args is not None and args.model:
+        named.append(f"--model {Path(args.model).name}")
+    if args is not None and getattr(args, "tiny", None):
+        named.append(f"--tiny {args.tiny}")
+    return " ".join(["async_vs_sync", *named, *extra])
 
 
 def main() -> None:
@@ -260,6 +280,8 @@ def main() -> None:
     ap.add_argument("--sweep", metavar="KEY=V1,V2,...", help="compare sync and async (the first --staleness) at each value of one recipe key")
     ap.add_argument("--recipe", type=Path, default=REPO / "recipes" / "tiny_calc.toml", help="the recipe every run trains (default: tiny_calc)")
     ap.add_argument("--model", help="model folder (default: a fresh untrained tiny model)")
+    ap.add_argument("--tiny", metavar="KEY=V,...", help="build the untrained tiny model with this shape, e.g. "
+                    "hidden_size=256,num_layers=4,num_heads=4,num_kv_heads=2,intermediate_size=1024 (a heavier learner step: balance)")
     ap.add_argument("--split", action="store_true", help="generation on core 0, training on core 1 (see the module docstring)")
     ap.add_argument("--write", action="store_true", help="put the command, date, machine and table in benchmarks/RESULTS.md (a block of its own)")
     args = ap.parse_args()
@@ -273,6 +295,8 @@ def main() -> None:
         work = Path(tmp)
         if args.model:
             model = Path(args.model).resolve()
+        elif args.tiny:
+            model = build_tiny(work / "model", args.tiny)
         else:
             model = work / "model"
             subprocess.run([sys.executable, "-m", "agentrl.cli", "model", "init", "tiny", str(model)], check=True, cwd=REPO, capture_output=True)
@@ -292,14 +316,14 @@ def main() -> None:
             text += "\n\n" + format_sweep(key, points, configs[1][1])
             for value, results in points.items():
                 text += f"\n\n`{key}={value}`: " + format_table(results, args.steps)
-            emit(text, block_key([*(["--split"] if args.split else []), f"--sweep {key}", *extra]), args.write, section="async vs sync")
+            emit(text, block_key([*(["--split"] if args.split else []), f"--sweep {key}", *extra], args), args.write, section="async vs sync")
             return
         results: dict[Config, list[Run]] = {c: [] for c in configs}
         for _ in range(args.repeats):
             for mode, s in configs:
                 results[(mode, s)].append(run_once(mode, s, args.steps, model, work / "runs", extra, args.split, args.recipe))
     text = format_block(results, args, started)
-    emit(text, block_key([*(["--split"] if args.split else []), *extra]), args.write, section="async vs sync")
+    emit(text, block_key([*(["--split"] if args.split else []), *extra], args), args.write, section="async vs sync")
 
 
 if __name__ == "__main__":

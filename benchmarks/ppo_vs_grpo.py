@@ -15,7 +15,6 @@ with 128 problems, +-4 points is noise.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -23,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _measure import emit, run_header  # noqa: E402
+from _measure import emit, eval_curve, run_header
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = {"grpo": "recipes/tiny_calc.toml", "ppo-gae": "recipes/tiny_calc_ppo.toml"}
@@ -37,26 +36,10 @@ def train(recipe: str, run_dir: Path, overrides: list[str]) -> float:
         cmd += ["--set", o]
     t0 = time.monotonic()
     with open(f"{run_dir}.log", "w") as log:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=3600).returncode
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=3600, check=False).returncode
     if rc:
         raise SystemExit(f"{' '.join(cmd)} failed ({rc}); see {run_dir}.log")
     return time.monotonic() - t0
-
-
-def curve(run_dir: Path) -> list[dict]:
-    """``[{version, rl_s, accuracy, tool_call_rate}]`` of a run's evaluations (RL wall-clock
-    without evaluation time; version 0 is before RL)."""
-    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    start = next(r["time"] for r in recs if r.get("loop_start"))
-    out, eval_s = [], 0.0
-    for r in recs:
-        if r.get("kind") != "eval":
-            continue
-        at = max(0.0, r["time"] - r.get("eval_s", 0.0) - start - eval_s) if r["version"] else 0.0
-        if r["version"]:
-            eval_s += r.get("eval_s", 0.0)
-        out.append({"version": r["version"], "rl_s": at, "accuracy": r["accuracy"], "tool_call_rate": r.get("tool_call_rate", 0.0)})
-    return out
 
 
 def main() -> None:
@@ -79,7 +62,7 @@ def main() -> None:
     for name, recipe in RUNS.items():
         print(f"{name}: {recipe}", flush=True)
         wall[name] = train(recipe, out / name, common)
-        curves[name] = curve(out / name)
+        curves[name] = eval_curve(str(out / name))
     budget = min(max(p["rl_s"] for p in c) for c in curves.values())
     lines = [run_header(started), "",
              f"Both from the SFT checkpoint `{args.sft}`, {args.steps} learner steps of 32 samples, evaluation on 128 held-out "

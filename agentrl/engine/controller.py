@@ -227,35 +227,34 @@ class Controller:
     # ------------------------------------------------------------------ the parts
     def _learner_group(self) -> LearnerGroup:
         from agentrl.engine.learner import Learner
-        from agentrl.engine.placement import LearnerPlacement, learner_bundles
 
         lcfg = self.recipe.learner
-        logs = self.run_dir.logs
-        return LearnerGroup(
-            num_ranks=lcfg.num_ranks,
-            factory=lambda rank, kwargs, options: new_actor(
-                Learner, {**options, "runtime_env": wiring.actor_runtime_env(logs, f"learner-{rank}", lcfg.cpu_affinity)}, **kwargs),
-            placement=lambda: LearnerPlacement(
-                learner_bundles(lcfg.num_ranks, lcfg.num_cpus, lcfg.num_gpus, lcfg.resources), lcfg.placement_timeout_s
-            ),
-            timeout_s=lcfg.timeout_s,
-            placement_timeout_s=lcfg.placement_timeout_s,
-        )
+        return self._rank_group(Learner, "learner", lcfg.num_ranks, lcfg.num_cpus, lcfg.num_gpus, lcfg.resources,
+                                lcfg.cpu_affinity, lcfg.timeout_s)
 
     def _critic_group(self) -> LearnerGroup:
         """PPO's critic ranks: their own torch.distributed group and placement."""
         from agentrl.engine.critic import Critic
-        from agentrl.engine.placement import LearnerPlacement, learner_bundles
 
         c = self.recipe.critic_settings
+        return self._rank_group(Critic, "critic", c.num_ranks, c.num_cpus, c.num_gpus, {}, c.cpu_affinity, c.timeout_s)
+
+    def _rank_group(
+        self, cls: type, name: str, num_ranks: int, num_cpus: float, num_gpus: float, resources: dict[str, float],
+        cpus: list[int] | None, timeout_s: float,
+    ) -> LearnerGroup:
+        """A group of ``cls`` ranks (``<name>-<rank>`` logs), reserved together as one placement group."""
+        from agentrl.engine.placement import LearnerPlacement, learner_bundles
+
         logs = self.run_dir.logs
+        wait_s = self.recipe.learner.placement_timeout_s
         return LearnerGroup(
-            num_ranks=c.num_ranks,
+            num_ranks=num_ranks,
             factory=lambda rank, kwargs, options: new_actor(
-                Critic, {**options, "runtime_env": wiring.actor_runtime_env(logs, f"critic-{rank}", c.cpu_affinity)}, **kwargs),
-            placement=lambda: LearnerPlacement(learner_bundles(c.num_ranks, c.num_cpus, c.num_gpus, {}), self.recipe.learner.placement_timeout_s),
-            timeout_s=c.timeout_s,
-            placement_timeout_s=self.recipe.learner.placement_timeout_s,
+                cls, {**options, "runtime_env": wiring.actor_runtime_env(logs, f"{name}-{rank}", cpus)}, **kwargs),
+            placement=lambda: LearnerPlacement(learner_bundles(num_ranks, num_cpus, num_gpus, resources), wait_s),
+            timeout_s=timeout_s,
+            placement_timeout_s=wait_s,
         )
 
     def _fleet(self, model: str, tokenizer: str, log: MetricsLogger) -> GeneratorFleet:

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from agentrl.algos.value_loss import clipped_value_loss
-from agentrl.engine.devices import join_process_group
+from agentrl.engine.devices import gather_rows, join_process_group
 from agentrl.engine.learner import plan_microbatches
 from agentrl.errors import LearnerError
 
@@ -214,11 +214,7 @@ class Critic:
             for b, i in enumerate(micro):
                 n = len(samples[i]["tokens"])
                 mine[i] = [0.0] + v[b, : n - 1].tolist()
-        if self.world_size > 1:
-            parts: list[Any] = [None] * self.world_size
-            dist.all_gather_object(parts, mine)
-            for p in parts:
-                mine.update(p)
+        mine = gather_rows(mine, self.world_size)
         return [mine[i] for i in range(len(samples))]
 
     def train_step(self, samples: list[dict[str, Any]]) -> dict[str, float]:

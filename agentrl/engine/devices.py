@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["process_group_backend", "local_cuda_index", "assigned_cuda_index", "join_process_group"]
+__all__ = ["assigned_cuda_index", "gather_rows", "join_process_group", "local_cuda_index", "process_group_backend"]
 
 
 def process_group_backend(on_gpu: bool) -> str:
@@ -48,7 +49,7 @@ def assigned_cuda_index() -> int:
     return local_cuda_index(gpu_ids, os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
-def join_process_group(rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float, what: str) -> tuple[str, "object"]:
+def join_process_group(rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float, what: str) -> tuple[str, Any]:
     """Join this process's default ``torch.distributed`` group (``gloo`` on CPU, device-mapped
     NCCL on GPU) and pick the device: ``(backend, torch.device)``. ``what`` names the component
     in the :class:`~agentrl.errors.LearnerError` raised when the rendezvous fails."""
@@ -75,3 +76,15 @@ def join_process_group(rank: int, world_size: int, master_addr: str, master_port
     except Exception as exc:
         raise LearnerError(f"{what} rank {rank}: cannot join the process group: {exc}") from exc
     return backend, device
+
+
+def gather_rows(mine: dict[int, list[float]], world_size: int) -> dict[int, list[float]]:
+    """Every rank's rows merged (a collective when ``world_size > 1``): each rank computed the
+    rows of its own micro-batches, by sample index; every rank gets all of them."""
+    if world_size > 1:
+        import torch.distributed as dist
+
+        parts: list[dict[int, list[float]] | None] = [None] * world_size
+        dist.all_gather_object(parts, mine)
+        return {i: row for part in parts for i, row in (part or {}).items()}
+    return mine

@@ -48,7 +48,7 @@ async def evaluate(
     """Play one episode for each row on the rollout ``workers`` (Ray handles) with ``sampling``
     (e.g. greedy: ``{"temperature": 0.0}``); return (metrics, episodes)."""
     calls = [
-        workers[i % len(workers)].run_group.remote(row, i, f"eval{i}", 1, sampling)
+        workers[i % len(workers)].run_group.remote(row, i, f"eval{i}", 1, sampling, score=False)  # the environment's reward alone
         for i, row in enumerate(rows)
     ]
     groups = await asyncio.wait_for(asyncio.gather(*calls), timeout_s)

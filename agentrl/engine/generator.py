@@ -254,14 +254,19 @@ class VllmGenerator(GeneratorCounters, Generator):
         """Sample a continuation of ``prompt_token_ids``.
 
         ``sampling`` holds ``vllm.SamplingParams`` keyword arguments (``max_tokens``,
-        ``temperature``, ``top_p``, ``stop``, ``seed``...). Log-probabilities of the sampled tokens
-        are always returned, stop strings are kept in the output.
+        ``temperature``, ``top_p``, ``stop``, ``seed``...; ``structured_outputs`` as a dict of
+        ``StructuredOutputsParams`` arguments, e.g. ``{"regex": ...}``). Log-probabilities of the
+        sampled tokens are always returned, stop strings are kept in the output.
         """
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         if self.engine is None:
             raise GeneratorError("generator not started")
+        if isinstance(sampling.get("structured_outputs"), dict):  # e.g. {"regex": ...} from a judge
+            from vllm.sampling_params import StructuredOutputsParams
+
+            sampling = {**sampling, "structured_outputs": StructuredOutputsParams(**sampling["structured_outputs"])}
         params = SamplingParams(
             **sampling,
             logprobs=0,

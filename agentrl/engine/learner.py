@@ -46,7 +46,7 @@ import torch.distributed as dist
 
 from agentrl.algos import STAT_KEYS, ObjectiveSettings, policy_loss
 from agentrl.engine.audit import AuditLog, prompt_sha1
-from agentrl.engine.devices import join_process_group
+from agentrl.engine.devices import gather_rows, join_process_group
 from agentrl.engine.lora import (
     LoraSettings,
     adapter_tensors,
@@ -642,11 +642,7 @@ class Learner:
             for b, i in enumerate(micro):
                 n = len(samples[i]["tokens"])
                 mine[i] = [0.0] + lp[b, : n - 1].tolist()
-        if self.world_size > 1:
-            parts: list[Any] = [None] * self.world_size
-            dist.all_gather_object(parts, mine)
-            for p in parts:
-                mine.update(p)
+        mine = gather_rows(mine, self.world_size)
         return [mine[i] for i in range(len(samples))]
 
     # ------------------------------------------------------------------ weights
@@ -790,7 +786,11 @@ class Learner:
         ``torch.distributed.checkpoint``, the step and LR-schedule state, each rank's RNG state
         and the model config (+ tokenizer) for export. See :mod:`agentrl.engine.checkpoint` for
         the layout. The folder appears atomically; an existing one is replaced."""
-        from agentrl.engine.checkpoint import save_rng_state, save_sharded_state, write_trainer_state
+        from agentrl.engine.checkpoint import (
+            save_rng_state,
+            save_sharded_state,
+            write_trainer_state,
+        )
 
         self._require_setup()
         final = Path(out_dir)
@@ -841,7 +841,11 @@ class Learner:
         different number of ranks (the model and optimizer state are re-sharded; each rank's
         RNG state is restored when the checkpoint has one for its rank). Returns the
         trainer state (``step``, ``updates``, ...)."""
-        from agentrl.engine.checkpoint import load_rng_state, load_sharded_state, read_trainer_state
+        from agentrl.engine.checkpoint import (
+            load_rng_state,
+            load_sharded_state,
+            read_trainer_state,
+        )
 
         self._require_setup()
         folder = Path(checkpoint_dir)

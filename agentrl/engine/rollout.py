@@ -185,13 +185,23 @@ class RolloutWorker:
         agent_model: str = "policy",
         agent_max_calls: int = 32,
         agent_timeout_s: float = 600.0,
+        reward: Any = None,
+        judge: Any = None,
+        judge_tokenizer: str | None = None,
+        judge_generators: list[Any] | None = None,
+        reward_model: Any = None,
     ) -> None:
         """``audit_path``: append one record per finished episode to this append-only file (see
         :mod:`agentrl.engine.audit`); None writes none. ``seed_sampling``: seed every turn's
         sampling (see :func:`play_episode`). ``agent``: ``"module:function"`` of an agent program
         to play instead of the environment ``env_id``, served under the model name
         ``agent_model``, with at most ``agent_max_calls`` model calls and ``agent_timeout_s``
-        seconds per episode."""
+        seconds per episode. Model-based rewards (:mod:`agentrl.engine.scoring`): ``reward``, a
+        :class:`~agentrl.engine.scoring.RewardSettings` (None: the environment's reward alone);
+        ``judge``, a :class:`~agentrl.engine.judge.JudgeSettings` (None: no judge) whose prompts
+        are tokenised with ``judge_tokenizer`` (None: the policy's) and sent to
+        ``judge_generators`` (None: the policy's own generators); ``reward_model``, a
+        :class:`~agentrl.engine.reward_model.RewardModelServer` handle (None: none)."""
         from agentrl.models.loading import load_tokenizer
 
         self.tokenizer = load_tokenizer(model)
@@ -222,6 +232,12 @@ class RolloutWorker:
         self.agent_max_calls = agent_max_calls
         self.agent_timeout_s = agent_timeout_s
         self.gateway: Any = None
+        self.reward = reward
+        self.judge = judge
+        self.judge_tokenizer = load_tokenizer(judge_tokenizer) if judge is not None and judge_tokenizer else self.tokenizer
+        self.judge_generators = list(judge_generators or [])
+        self._judge_next = 0
+        self.reward_model = reward_model
         self._http: Any = None
         self._gateway_lock = asyncio.Lock()
 
@@ -273,14 +289,36 @@ class RolloutWorker:
             kwargs.setdefault("sandbox", self.sandbox)
         return make_env(self.env_id, **kwargs)
 
+    def _scorer(self, generate: GenerateFn) -> Any:
+        """The model-based scorer of a group whose episodes ran on ``generate`` (the judge uses
+        it when the judge is the policy); None when the recipe has only the environment's reward."""
+        if self.reward is None:
+            return None
+        from agentrl.engine.judge import LLMJudge
+        from agentrl.engine.scoring import EpisodeScorer
+
+        judge = None
+        if self.judge is not None:
+            if self.judge_generators:  # a frozen judge group: round robin
+                gen = self.judge_generators[self._judge_next % len(self.judge_generators)]
+                self._judge_next += 1
+                generate = gen.generate.remote if hasattr(gen.generate, "remote") else gen.generate
+            judge = LLMJudge(self.judge, self.judge_tokenizer, generate)
+        scorer = EpisodeScorer(self.reward, tokenizer=self.tokenizer, judge=judge, reward_model=self.reward_model)
+        return scorer if scorer.active else None
+
     async def run_group(
-        self, row: dict[str, Any], prompt_index: int, group_id: str, n: int, sampling: dict[str, Any] | None = None
+        self, row: dict[str, Any], prompt_index: int, group_id: str, n: int, sampling: dict[str, Any] | None = None,
+        score: bool = True,
     ) -> list[Trajectory]:
         """Play ``n`` episodes of the prompt ``row`` concurrently; return them in sample order.
-        ``sampling`` overrides the worker's sampling arguments for this group (e.g. greedy eval)."""
+        ``sampling`` overrides the worker's sampling arguments for this group (e.g. greedy eval);
+        ``score``: add the model-based rewards (judge, reward model) to each finished episode
+        (evaluation passes False: it reports the environment's reward alone)."""
         results: list[Trajectory | None] = [None] * n
         gen_index = self.pick_generator()
         generate = self._generate_fn(gen_index)
+        scorer = self._scorer(generate) if score else None
         params = {**self.sampling, **(sampling or {})}
         # reserve the group's expected load at once, so that groups starting together spread out
         reserve = n * self.max_new_tokens
@@ -293,6 +331,8 @@ class RolloutWorker:
             async with self.limiter:
                 if self.agent is not None:
                     results[i] = await self._agent_episode(generate, row, group_id, prompt_index, i, sampling or {})
+                    if scorer is not None:
+                        await scorer.score(results[i], row)
                     if self.audit is not None:
                         self._audit(results[i])
                     return
@@ -314,6 +354,8 @@ class RolloutWorker:
                     )
                 finally:
                     await env.unwrapped.aclose()
+                if scorer is not None:
+                    await scorer.score(results[i], row)
                 if self.audit is not None:
                     self._audit(results[i])
 

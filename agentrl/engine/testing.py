@@ -199,7 +199,8 @@ class FakeWorker:
         self.generators = list(generators)
 
     async def run_group(
-        self, row: dict[str, Any], prompt_index: int, group_id: str, n: int, sampling: dict[str, Any] | None = None
+        self, row: dict[str, Any], prompt_index: int, group_id: str, n: int, sampling: dict[str, Any] | None = None,
+        score: bool = True,
     ) -> list[Trajectory]:
         self.groups.append(group_id)
         gen = self.generators[self._turn % len(self.generators)]

@@ -29,7 +29,8 @@ class Trajectory:
     versions: list[int]
     """Weight version that sampled each token; -1 where the model did not write it."""
     reward: float
-    """Episode reward (sum of the environment's step rewards)."""
+    """Episode reward: the sum of the environment's step rewards, or with model-based rewards
+    their weighted sum with a judge's and a reward model's scores (:mod:`agentrl.engine.scoring`)."""
     group_id: str
     """Samples of one prompt share a group id (group-relative advantages)."""
     sample_index: int
