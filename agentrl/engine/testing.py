@@ -32,6 +32,7 @@ from agentrl.engine.trajectory import Trajectory
 
 __all__ = [
     "FakeActorDied",
+    "FakeCritic",
     "FakeGenerator",
     "FakeLearner",
     "FakeWorker",
@@ -252,6 +253,14 @@ class FakeLearner:
             self.trained.append((self.step, [s["id"] for s in samples]))
         return {"step": self.step, "trained_tokens": sum(sum(s["loss_mask"]) for s in samples), "loss": 0.0, "lr": 0.0}
 
+    async def hold_step(self) -> dict[str, Any]:
+        """A critic warm-up step: the version advances, nothing is trained (recorded as ``held``)."""
+        await asyncio.sleep(self.step_delay_s)
+        self.step += 1
+        if self.rank == 0:
+            self.trained.append((self.step, ["held"]))
+        return {"step": self.step, "trained_tokens": 0.0, "lr": 0.0, "policy_held": 1.0}
+
     def sft_step(self, batch: list[dict[str, Any]]) -> dict[str, Any]:
         self.step += 1
         return {"step": self.step, "trained_tokens": sum(len(b["tokens"]) for b in batch), "sft_loss": 0.0, "lr": 0.0}
@@ -280,6 +289,42 @@ class FakeLearner:
 
     def connect_weight_transfer(self, *args: Any) -> None:
         raise RuntimeError("the fake learner has no weight-transfer group")
+
+    def shutdown(self) -> None:
+        return None
+
+
+class FakeCritic:
+    """A critic rank that values every action token at ``value`` and records what it trained on.
+
+    ``seen`` (shared like :class:`FakeLearner`'s ``trained``) receives, per training step on rank
+    0, ``(step, [sample ids], every action token's return)``; checkpoints hold the step."""
+
+    def __init__(self, *, rank: int = 0, value: float = 0.25, seen: list[tuple[int, list[str], list[float]]] | None = None, **_: Any) -> None:
+        self.rank, self.value = rank, value
+        self.seen = seen if seen is not None else []
+        self.step = 0
+
+    def setup(self) -> dict[str, Any]:
+        return {"rank": self.rank, "fake": True}
+
+    def values(self, samples: list[dict[str, Any]]) -> list[list[float]]:
+        return [[self.value if m else 0.0 for m in s["loss_mask"]] for s in samples]
+
+    def train_step(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        self.step += 1
+        if self.rank == 0:
+            returns = [r for s in samples for r, m in zip(s["returns"], s["loss_mask"]) if m]
+            self.seen.append((self.step, [s["id"] for s in samples], returns))
+        return {"value_loss": 0.0, "value_mse": 0.0, "value_tokens": float(sum(sum(s["loss_mask"]) for s in samples))}
+
+    def save_checkpoint(self, folder: str) -> None:
+        if self.rank == 0:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            (Path(folder) / "trainer_state.json").write_text(json.dumps({"step": self.step}))
+
+    def load_checkpoint(self, folder: str) -> None:
+        self.step = json.loads((Path(folder) / "trainer_state.json").read_text())["step"]
 
     def shutdown(self) -> None:
         return None
@@ -328,14 +373,16 @@ class FakeRun:
         loop = asyncio.run(run.run())
 
     ``worker``: keyword arguments of every :class:`FakeWorker`; ``learner``: of every
-    :class:`FakeLearner`; ``state``: a checkpoint's run state to resume from (None: the start).
+    :class:`FakeLearner`; ``critic``: of a :class:`FakeCritic` group, which makes the run PPO's
+    (``advantage = "gae"``, with ``critic_warmup`` warm-up steps; None: GRPO); ``state``: a
+    checkpoint's run state to resume from (None: the start).
     """
 
     def __init__(
         self, root: Path, *, rows: list[dict[str, Any]], batch_size: int = 4, group_size: int = 2, max_staleness: int = 1,
         max_steps: int = 3, num_generators: int = 1, num_workers: int = 1, checkpoint_every: int = 0, max_restarts: int = 0,
         worker: dict[str, Any] | None = None, learner: dict[str, Any] | None = None, hooks: list[Any] | None = None,
-        timeout_s: float = 30.0, max_degenerate_steps: int = 0,
+        timeout_s: float = 30.0, max_degenerate_steps: int = 0, critic: dict[str, Any] | None = None, critic_warmup: int = 0,
     ) -> None:
         import io
 
@@ -380,7 +427,14 @@ class FakeRun:
             fleet=self.fleet, learners=self.learners, run_dir=self.run_dir, log=self.log, weight_sync="disk",
             sync_timeout_s=timeout_s, workers_per_generator=1, dtype="float32", keep_versions=3,
         )
-        self.batch = BatchSettings(advantage="grpo")
+        self.batch = BatchSettings(advantage="grpo" if critic is None else "gae")
+        self.critic_seen: list[tuple[int, list[str], list[float]]] = []
+        """Every step a fake critic rank 0 trained: ``(step, sample ids, returns)``."""
+        self.critic = None if critic is None else LearnerGroup(
+            num_ranks=1, placement=None, timeout_s=timeout_s,
+            factory=lambda rank, kwargs, options: local_actor(FakeCritic(rank=rank, seen=self.critic_seen, **critic), f"critic {rank}"),
+        )
+        self.critic_warmup = critic_warmup
         self.settings = LoopSettings(
             max_steps=max_steps, group_size=group_size, episode_timeout_s=timeout_s, stuck_timeout_s=3 * timeout_s,
             checkpoint_every=checkpoint_every, max_degenerate_steps=max_degenerate_steps,
@@ -390,11 +444,14 @@ class FakeRun:
         """Start the fake generators, learner and workers (at weight ``version``)."""
         await self.fleet.start(version)
         await self.learners.start({})
+        if self.critic is not None:
+            await self.critic.start({})
         self.fleet.workers = [local_actor(FakeWorker(self.fleet.generators, **self.worker_kwargs), f"worker {i}") for i in range(self.num_workers)]
 
     async def run(self, state: Any = None) -> Any:
         """Start, then run the loop (with learner failover) from ``state``; the finished loop."""
         from agentrl.engine.checkpointing import RunCheckpointer
+        from agentrl.engine.critic_stage import CriticStage, GaeSettings
         from agentrl.engine.failover import LearnerFailover, run_with_failover
         from agentrl.engine.ledger import PromptLedger
         from agentrl.engine.loop import RLLoop
@@ -403,11 +460,15 @@ class FakeRun:
         await self.start(state.version if state is not None else 0)
         if state is not None:
             await self.learners.call("load_checkpoint", str(self.run_dir.checkpoint(state.version) / "learner"), what="loading the learner checkpoint")
-        checkpointer = RunCheckpointer(run_dir=self.run_dir, learners=self.learners, keep=2, tokenizer=None, log=self.log)
+            if self.critic is not None:
+                await self.critic.call("load_checkpoint", str(self.run_dir.checkpoint(state.version) / "critic"), what="loading the critic checkpoint")
+        checkpointer = RunCheckpointer(run_dir=self.run_dir, learners=self.learners, keep=2, tokenizer=None, log=self.log, critic=self.critic)
         failover = LearnerFailover(
             run_dir=self.run_dir, learners=self.learners, fleet=self.fleet, publisher=self.publisher,
-            learner_kwargs=lambda weights: {}, max_restarts=self.max_restarts, log=self.log,
+            learner_kwargs=lambda weights: {}, max_restarts=self.max_restarts, log=self.log, critic=self.critic,
         )
+        stage = None if self.critic is None else CriticStage(group=self.critic, settings=GaeSettings(normalize=False, lam=1.0),
+                                                            warmup_steps=self.critic_warmup)
 
         async def run(at: Any) -> RLLoop:
             queue = StalenessQueue(batch_size=self.batch_size, group_size=self.group_size, max_staleness=self.max_staleness)
@@ -416,7 +477,7 @@ class FakeRun:
             loop = RLLoop(
                 rows=self.rows, queue=queue, ledger=ledger, fleet=self.fleet, publisher=self.publisher, learners=self.learners,
                 batch=self.batch, settings=self.settings, log=self.log, run_dir=self.run_dir, checkpoint=checkpointer.save,
-                version=at.version if at is not None else 0, hooks=self.hooks,
+                version=at.version if at is not None else 0, hooks=self.hooks, critic=stage,
             )
             await loop.run()
             return loop

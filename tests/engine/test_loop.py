@@ -170,3 +170,23 @@ def test_degenerate_steps_are_said_in_words_and_stop_the_run(tmp_path):
     run = FakeRun(tmp_path / "b", rows=mixed, max_steps=3, max_degenerate_steps=5,
                   worker={"reward": lambda row, i: float(i % 2) if row.get("vary") else row["reward"]})
     assert asyncio.run(run.run()).version == 3
+
+
+def test_ppo_warm_up_holds_the_policy_and_learner_failover_rewinds_the_critic(tmp_path):
+    run = FakeRun(tmp_path, rows=ROWS, max_steps=6, checkpoint_every=2, max_restarts=1, critic={"value": 0.25}, critic_warmup=2,
+                  hooks=[KillLearner(after_step=3)])
+    loop = asyncio.run(run.run())
+    assert loop.version == 6
+    # warm-up: the first two versions leave the policy as it is, the later ones train it
+    assert [ids for _, ids in run.trained[:2]] == [["held"], ["held"]]
+    assert all(ids != ["held"] for _, ids in run.trained[2:])
+    # the critic trained at every step beside the learner, step 4 too while the dead learner's failed; the
+    # failover put it back to checkpoint 2 with the learner, and steps 3 and 4 were trained again
+    assert [s for s, _, _ in run.critic_seen] == [1, 2, 3, 4, 3, 4, 5, 6]
+    for _, ids, returns in run.critic_seen:  # gamma = lambda = 1: every action token's return is its episode's reward
+        assert returns and set(returns) <= {0.0, 1.0}
+    assert_each_prompt_once(run)
+    steps = [r for r in map(json.loads, run.run_dir.metrics.read_text().splitlines()) if r["kind"] == "step"]
+    assert all(s["value_tokens"] > 0 and s["advantage_abs_mean"] > 0 for s in steps)  # R - V with V = 0.25: never 0
+    assert {s.get("policy_held") for s in steps[:2]} == {1.0}
+    assert json.loads((latest_checkpoint(tmp_path) / "critic" / "trainer_state.json").read_text())["step"] == 4
