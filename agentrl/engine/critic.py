@@ -34,6 +34,7 @@ import torch.distributed as dist
 from agentrl.algos.value_loss import clipped_value_loss
 from agentrl.engine.devices import gather_rows, join_process_group
 from agentrl.engine.learner import plan_microbatches
+from agentrl.engine.padded import PaddedBatch
 from agentrl.errors import LearnerError
 
 __all__ = ["Critic", "ValueModel"]
@@ -61,32 +62,14 @@ class ValueModel(torch.nn.Module):
         return self.head(hidden[select].float()).squeeze(-1).clone()  # not a view: FSDP's backward hook
 
 
-class _ValueBatch:
-    """One padded micro-batch of critic samples (per-target tensors are ``[B, T-1]``)."""
+class _ValueBatch(PaddedBatch):
+    """One padded micro-batch of critic samples: :class:`PaddedBatch` plus each target's return
+    and old value (zeros when ``with_targets`` is False)."""
 
     def __init__(self, rows: list[dict[str, Any]], pad_id: int, device: torch.device, with_targets: bool) -> None:
-        longest = max(len(r["tokens"]) for r in rows)
-        B = len(rows)
-        ids = torch.full((B, longest), pad_id, dtype=torch.long)
-        attn = torch.zeros((B, longest), dtype=torch.long)
-        mask = torch.zeros((B, longest), dtype=torch.bool)
-        returns = torch.zeros((B, longest), dtype=torch.float32)
-        old = torch.zeros((B, longest), dtype=torch.float32)
-        for b, r in enumerate(rows):
-            n = len(r["tokens"])
-            ids[b, :n] = torch.as_tensor(r["tokens"], dtype=torch.long)
-            attn[b, :n] = 1
-            mask[b, :n] = torch.as_tensor(r["loss_mask"]) > 0
-            if with_targets:
-                returns[b, :n] = torch.as_tensor(r["returns"], dtype=torch.float32)
-                old[b, :n] = torch.as_tensor(r["values"], dtype=torch.float32)
-        self.ids, self.attn = ids.to(device), attn.to(device)
-        self.select = mask[:, 1:].to(device)
-        self.returns, self.old_values = returns[:, 1:].to(device), old[:, 1:].to(device)
-
-    def pad(self, flat: torch.Tensor) -> torch.Tensor:
-        """Scatter a flat tensor over the selected positions into ``[B, T-1]`` (zeros elsewhere)."""
-        return torch.zeros(self.select.shape, dtype=flat.dtype, device=flat.device).masked_scatter(self.select, flat)
+        super().__init__(rows, pad_id, device)
+        self.returns = self.per_target(lambda r: r["returns"] if with_targets else None)
+        self.old_values = self.per_target(lambda r: r["values"] if with_targets else None)
 
 
 class Critic:

@@ -55,6 +55,7 @@ from agentrl.engine.lora import (
     merge_lora,
     write_adapter_folder,
 )
+from agentrl.engine.padded import PaddedBatch
 from agentrl.engine.placement import current_node_id
 from agentrl.engine.run_dir import version_folder
 from agentrl.errors import ConfigError, LearnerError
@@ -170,45 +171,21 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
 
 
-class _Batch:
-    """One padded micro-batch: model inputs plus per-target tensors, all on ``device``.
-
-    Per-target tensors are ``[B, T-1]``: position ``t`` is about token ``t + 1``.
-    """
+class _Batch(PaddedBatch):
+    """One padded RL (or SFT) micro-batch: :class:`PaddedBatch` plus the behaviour log-probs, the
+    weight versions and the advantages of each target (a sample's scalar ``advantage`` on every
+    token, or its per-token ``advantages``); zeros (versions -1) when ``with_rl`` is False."""
 
     def __init__(self, rows: list[dict[str, Any]], pad_id: int, device: torch.device, with_rl: bool) -> None:
-        longest = max(len(r["tokens"]) for r in rows)
-        B = len(rows)
-        ids = torch.full((B, longest), pad_id, dtype=torch.long)
-        attn = torch.zeros((B, longest), dtype=torch.long)
-        mask = torch.zeros((B, longest), dtype=torch.bool)
-        behav = torch.zeros((B, longest), dtype=torch.float32)
-        versions = torch.full((B, longest), -1, dtype=torch.long)
-        adv = torch.zeros((B, longest), dtype=torch.float32)
-        for b, r in enumerate(rows):
-            n = len(r["tokens"])
-            ids[b, :n] = torch.as_tensor(r["tokens"], dtype=torch.long)
-            attn[b, :n] = 1
-            mask[b, :n] = torch.as_tensor(r["loss_mask"]) > 0
-            if with_rl:
-                behav[b, :n] = torch.as_tensor(r["behaviour_logprobs"], dtype=torch.float32)
-                if r.get("advantages") is not None:  # per token (GAE)
-                    adv[b, :n] = torch.as_tensor(r["advantages"], dtype=torch.float32)
-                else:
-                    adv[b, :n] = float(r["advantage"])
-                if r.get("versions") is not None:
-                    versions[b, :n] = torch.as_tensor(r["versions"], dtype=torch.long)
-        self.ids, self.attn = ids.to(device), attn.to(device)
-        self.select = mask[:, 1:].to(device)
-        self.behaviour = behav[:, 1:].to(device)
-        self.versions = versions[:, 1:].to(device)
-        self.advantages = adv[:, 1:].to(device)
-        self.real_tokens = int(attn.sum())
-        self.slots = B * longest
+        super().__init__(rows, pad_id, device)
 
-    def pad(self, flat: torch.Tensor) -> torch.Tensor:
-        """Scatter a flat tensor over the selected positions into ``[B, T-1]`` (zeros elsewhere)."""
-        return torch.zeros(self.select.shape, dtype=flat.dtype, device=flat.device).masked_scatter(self.select, flat)
+        def advantages(r: dict[str, Any]) -> list[float]:
+            a = r.get("advantages")
+            return list(a) if a is not None else [float(r["advantage"])] * len(r["tokens"])
+
+        self.behaviour = self.per_target(lambda r: r["behaviour_logprobs"] if with_rl else None)
+        self.versions = self.per_target(lambda r: r.get("versions") if with_rl else None, torch.long, -1)
+        self.advantages = self.per_target(advantages if with_rl else lambda r: None)
 
 
 class _AdapterOff:
