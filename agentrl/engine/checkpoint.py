@@ -20,9 +20,13 @@ metadata). The CLI runs it as ``agentrl export CHECKPOINT_DIR OUT_DIR``.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
+import shutil
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +43,7 @@ __all__ = [
     "load_rng_state",
     "save_sharded_state",
     "load_sharded_state",
+    "collective_folder",
 ]
 
 CHECKPOINT_FORMAT = 1
@@ -89,6 +94,31 @@ def load_rng_state(path: Path) -> None:
     random.setstate(state["python"])
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+
+
+@contextlib.contextmanager
+def collective_folder(final: Path, rank: int, subdirs: tuple[str, ...] = ()) -> Iterator[Path]:
+    """A folder every rank of the default process group writes into, appearing at ``final``
+    atomically: rank 0 makes a hidden sibling (with ``subdirs``), every rank writes into it (the
+    value of the ``with``), then rank 0 renames it into place, replacing what was there. Barriers
+    keep the ranks in step; a failure inside leaves ``final`` as it was."""
+    import torch.distributed as dist
+
+    tmp = final.with_name(f".{final.name}.tmp")
+    if rank == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        for sub in subdirs:
+            (tmp / sub).mkdir()
+    dist.barrier()
+    yield tmp
+    dist.barrier()
+    if rank == 0:
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    dist.barrier()
 
 
 def save_sharded_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> bool:

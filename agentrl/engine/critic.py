@@ -23,7 +23,6 @@ critic gave before this batch's first update).
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -251,27 +250,16 @@ class Critic:
     def save_checkpoint(self, out_dir: str) -> str:
         """Save the value model and AdamW state (collective) into ``out_dir``, atomically:
         ``torch.distributed.checkpoint`` files plus ``trainer_state.json`` (step)."""
-        from agentrl.engine.checkpoint import save_sharded_state, write_trainer_state
+        from agentrl.engine.checkpoint import collective_folder, save_sharded_state, write_trainer_state
 
         self._require_setup()
         final = Path(out_dir)
-        tmp = final.with_name(f".{final.name}.tmp")
         try:
-            if self.rank == 0:
-                if tmp.exists():
-                    shutil.rmtree(tmp)
-                tmp.mkdir(parents=True)
-            dist.barrier()
-            has_optim = save_sharded_state(self.model, self.optimizer, tmp)
-            if self.rank == 0:
-                write_trainer_state(tmp, {"step": self.step, "has_optimizer_state": has_optim,
-                                          "world_size": self.world_size, "model": self.model_name, "kind": "critic"})
-            dist.barrier()
-            if self.rank == 0:
-                if final.exists():
-                    shutil.rmtree(final)
-                os.replace(tmp, final)
-            dist.barrier()
+            with collective_folder(final, self.rank) as tmp:
+                has_optim = save_sharded_state(self.model, self.optimizer, tmp)
+                if self.rank == 0:
+                    write_trainer_state(tmp, {"step": self.step, "has_optimizer_state": has_optim,
+                                              "world_size": self.world_size, "model": self.model_name, "kind": "critic"})
         except Exception as exc:
             raise LearnerError(f"critic rank {self.rank}: saving the checkpoint {final} failed: {exc}") from exc
         return str(final)

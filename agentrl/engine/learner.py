@@ -35,7 +35,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -763,50 +762,35 @@ class Learner:
         ``torch.distributed.checkpoint``, the step and LR-schedule state, each rank's RNG state
         and the model config (+ tokenizer) for export. See :mod:`agentrl.engine.checkpoint` for
         the layout. The folder appears atomically; an existing one is replaced."""
-        from agentrl.engine.checkpoint import (
-            save_rng_state,
-            save_sharded_state,
-            write_trainer_state,
-        )
+        from agentrl.engine.checkpoint import collective_folder, save_rng_state, save_sharded_state, write_trainer_state
 
         self._require_setup()
         final = Path(out_dir)
-        tmp = final.with_name(f".{final.name}.tmp")
         try:
-            if self.rank == 0:
-                if tmp.exists():
-                    shutil.rmtree(tmp)
-                (tmp / "rng").mkdir(parents=True)
-            dist.barrier()
-            has_optim = save_sharded_state(self.policy.lm, self.optimizer, tmp)
-            save_rng_state(tmp / "rng" / f"rank{self.rank}.pt")
-            if self.rank == 0:
-                write_trainer_state(tmp, {
-                    "step": self.step,
-                    "updates": self.updates,
-                    "scheduler": self.scheduler.state_dict(),
-                    "has_optimizer_state": has_optim,
-                    "world_size": self.world_size,
-                    "model": self.model_name,
-                    "dtype": str(self.dtype).removeprefix("torch."),
-                    "objective": self.objective.as_dict(),
-                    "lora": self.lora.as_dict() if self.lora is not None else None,
-                })
-                self.config.save_pretrained(tmp / "hf")
-                if self.generation_config is not None:
-                    self.generation_config.save_pretrained(tmp / "hf")
-                try:
-                    from agentrl.models.loading import load_tokenizer
+            with collective_folder(final, self.rank, ("rng",)) as tmp:
+                has_optim = save_sharded_state(self.policy.lm, self.optimizer, tmp)
+                save_rng_state(tmp / "rng" / f"rank{self.rank}.pt")
+                if self.rank == 0:
+                    write_trainer_state(tmp, {
+                        "step": self.step,
+                        "updates": self.updates,
+                        "scheduler": self.scheduler.state_dict(),
+                        "has_optimizer_state": has_optim,
+                        "world_size": self.world_size,
+                        "model": self.model_name,
+                        "dtype": str(self.dtype).removeprefix("torch."),
+                        "objective": self.objective.as_dict(),
+                        "lora": self.lora.as_dict() if self.lora is not None else None,
+                    })
+                    self.config.save_pretrained(tmp / "hf")
+                    if self.generation_config is not None:
+                        self.generation_config.save_pretrained(tmp / "hf")
+                    try:
+                        from agentrl.models.loading import load_tokenizer
 
-                    load_tokenizer(self.tokenizer_name).save_pretrained(tmp / "hf")
-                except Exception:  # a model without a tokenizer still exports
-                    pass
-            dist.barrier()
-            if self.rank == 0:
-                if final.exists():
-                    shutil.rmtree(final)
-                os.replace(tmp, final)
-            dist.barrier()
+                        load_tokenizer(self.tokenizer_name).save_pretrained(tmp / "hf")
+                    except Exception:  # a model without a tokenizer still exports
+                        pass
         except LearnerError:
             raise
         except Exception as exc:
