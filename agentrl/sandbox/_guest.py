@@ -61,6 +61,7 @@ descriptors for the code's stdout and stderr travel with the request (``SCM_RIGH
 channel is a Unix socket.
 """
 
+import _signal  # the C module: signal.signal/getsignal wrap every answer in an enum, slowly
 import json
 import os
 import signal
@@ -138,6 +139,8 @@ class Packets:
     def park(self, fd=1000):
         """Move the socket to a high, close-on-exec descriptor, out of the code's way."""
         old = self.sock.fileno()
+        if old == fd and not os.get_inheritable(fd):
+            return fd
         if old != fd:
             os.dup2(old, fd)
             self.sock.detach()
@@ -228,10 +231,19 @@ def apply_limits(req, session_hard_as=None):
         R.setrlimit(res, (soft, hard))
 
 
+STARTED = b'{"event":"started"}'
+"""The ``started`` event, encoded once."""
+
+STREAMS_READY = False
+"""True in a warm server's forks: the server made ``sys.stdin/stdout/stderr`` on fds 0/1/2 (as
+:func:`install_std_streams` does) after everything that could write to them, so a fork only
+points those descriptors at the execution's pipes."""
+
 SECCOMP_INSTALL = None
-"""Loads the system-call filter into the calling process (made by :func:`prepare_seccomp` from a
-BPF program of :mod:`agentrl.sandbox._seccomp`, built on the host); None: no filter (set by
-``server_main``, so that every forked tree inherits it ready to call)."""
+"""Loads the system-call filter's last stage into the calling process (made by
+:func:`prepare_seccomp` from a BPF program of :mod:`agentrl.sandbox._seccomp`, built on the
+host); None: no filter (set by :func:`fork_helper`, so that every forked tree inherits it ready
+to call)."""
 
 
 def prepare_seccomp(program):
@@ -276,11 +288,15 @@ def status_bytes(field):
     """A size from this process's /proc/self/status in bytes (``field``: ``b"VmSize:"``,
     ``b"RssAnon:"``...; 0 if unreadable)."""
     try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(field):
-                    return int(line.split()[1]) * 1024
-    except OSError:
+        fd = os.open("/proc/self/status", os.O_RDONLY)
+        try:
+            data = os.read(fd, 1 << 16)
+        finally:
+            os.close(fd)
+        at = data.find(b"\n" + field)
+        if at >= 0:
+            return int(data[at + 1 + len(field):data.index(b"\n", at + 1)].split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
         pass
     return 0
 
@@ -375,24 +391,27 @@ ONESHOT_NAMES = (
 )
 
 
-def reset_process(env):
+def reset_process(env, environ=True):
     """Make a forked interpreter look like a fresh one to the code (environment, signals, rng).
 
     Each step is skipped when the process is already that way (a warm server sets itself up so
     once, and its forks then touch fewer pages: every page a fork writes is a copy-on-write fault).
+    ``environ`` False: the environment is known to be ``env`` already (comparing it walks
+    ``os.environ`` in Python, which costs a fork more than anything else here).
     """
-    if dict(os.environ) != env:
+    if environ and dict(os.environ) != env:
         os.environ.clear()
         os.environ.update(env)
-    signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        if signal.getsignal(sig) is not signal.SIG_DFL:
-            signal.signal(sig, signal.SIG_DFL)
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if signal.getsignal(signal.SIGPIPE) is not signal.SIG_IGN:
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    _signal.set_wakeup_fd(-1)
+    for sig in (_signal.SIGCHLD, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGUSR1, _signal.SIGUSR2):
+        if _signal.getsignal(sig) != _signal.SIG_DFL:
+            _signal.signal(sig, _signal.SIG_DFL)
+    if _signal.getsignal(_signal.SIGINT) is not _signal.default_int_handler:
+        _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+    if _signal.getsignal(_signal.SIGPIPE) != _signal.SIG_IGN:
+        _signal.signal(_signal.SIGPIPE, _signal.SIG_IGN)
+    if _signal.pthread_sigmask(_signal.SIG_BLOCK, ()):
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
     np = sys.modules.get("numpy")
     if np is not None:  # the legacy global RandomState is not reseeded on fork
         try:
@@ -537,14 +556,14 @@ def finish_like_interpreter():
     flush_std()
 
 
-def run_one(chan, env, kill_strategy):
+def run_one(chan, env, kill_strategy, environ=True):
     """``U`` of a one-shot tree: run one request and report its end (``started``, ``exit``).
 
     The channel stays open while the code runs (on a high descriptor): the code could write to it,
     but only ever about its own execution (the host ignores what it cannot parse, and trusts an
     ``error`` only before ``started``).
     """
-    reset_process(env)
+    reset_process(env, environ)
     fd = chan.park()
     if SECCOMP_INSTALL is not None:  # before the request: this process is forked ahead, so off the latency path
         SECCOMP_INSTALL()
@@ -556,8 +575,9 @@ def run_one(chan, env, kill_strategy):
     apply_limits(req)
     point_std_fds(fds[0], fds[1])
     close_fds_above(2, keep=(fd,))
-    install_std_streams()
-    chan.send({"event": "started"})
+    if not STREAMS_READY:
+        install_std_streams()
+    chan.sock.send(STARTED)
     mod = new_main_module(CODE_FILENAME)
     status = run_cell(text, mod.__dict__, CODE_FILENAME)
     finish_like_interpreter()
@@ -875,6 +895,9 @@ def reset_tree(sysc, cfg):
 
 #: Executions one tree (``I`` and its namespaces) serves at most before it is replaced.
 MAX_TREE_USES = 256
+#: Reset trees a warm server keeps beyond those it forks ahead (``prefork``), so that a tree
+#: coming back while the next is already forked is kept rather than killed.
+POOL_SPARE = 2
 
 
 class Init:
@@ -920,13 +943,108 @@ class Init:
         self.chan.sock.close()
 
 
+#: Where a tree process keeps its channel (out of the code's way; see ``Packets.park``).
+CHANNEL_FD = 1000
+
+
+def fork_helper(sysc, requests, notes, uid, env, setup_filter=None, lock_filter=None):
+    """``Z``: forks each tree's ``U`` on the server's request and reports how each ended.
+
+    ``setup_filter`` and ``lock_filter`` (hex BPF programs, or None for no filter): the two
+    stages of the system-call filter (:mod:`agentrl.sandbox._seccomp`). ``Z`` loads the first on
+    itself, so that every ``U`` inherits it, loaded once; a ``U`` adds the second
+    (:data:`SECCOMP_INSTALL`) after its set-up, before it reads a request.
+
+    A request is one message ``b"<kind> <new|join>"`` with descriptors attached: the tree's PID,
+    mount and IPC namespaces, the tree's end of its channel, the network namespace (sessions),
+    then either the tree's user namespace (``join``) or the two pipes of the user-namespace
+    handshake with the server (``new``: this ``U`` makes the tree's user namespace). The answer is
+    the new process's pid in decimal, or an error message. Each reaped ``U`` is reported on
+    ``notes`` as ``b"<pid> <wait status>"``.
+    """
+    global SECCOMP_INSTALL
+    if setup_filter:
+        prepare_seccomp(bytes.fromhex(setup_filter))()
+    if lock_filter:
+        SECCOMP_INSTALL = prepare_seccomp(bytes.fromhex(lock_filter))
+    note_fd = notes.fileno()
+    z_fds = (requests.fileno(), note_fd)
+
+    def on_child(*_):
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            os.write(note_fd, b"%d %d" % (pid, status))
+
+    signal.signal(signal.SIGCHLD, on_child)
+    while True:
+        data, fds, _flags, _addr = socket.recv_fds(requests, 64, 8)
+        if not data:
+            os._exit(0)
+        try:
+            kind, how = data.decode().split()
+            sysc.setns(fds[0], CLONE_NEWPID)
+            pid = os.fork()
+        except BaseException as exc:
+            for fd in fds:
+                os.close(fd)
+            requests.send(("%r" % (exc,)).encode()[:500] or b"?")
+            continue
+        if pid == 0:
+            tree_process(sysc, kind, how, fds, z_fds, uid, env)
+        for fd in fds:
+            os.close(fd)
+        requests.send(b"%d" % pid)
+
+
+def tree_process(sysc, kind, how, fds, z_fds, uid, env):
+    """``U``, just forked by ``Z`` into the tree's PID namespace (``fds``: see
+    :func:`fork_helper`): enter the tree's other namespaces, make or join its user namespace, drop
+    to ``uid``, then run one request (``exec``) or a session's cells. Never returns."""
+    chan_fd = fds[3]
+    try:
+        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+        for fd in z_fds:
+            os.close(fd)
+        sysc.setns(fds[1], CLONE_NEWNS)
+        sysc.setns(fds[2], CLONE_NEWIPC)
+        rest = fds[4:]
+        if kind == "session":
+            sysc.setns(rest.pop(0), CLONE_NEWNET)
+        os.chdir("/tmp")
+        if how == "new":
+            to_u_r, from_u_w = rest
+            sysc.unshare(CLONE_NEWUSER)
+            os.write(from_u_w, b"u")
+            if os.read(to_u_r, 1) != b"m":
+                os._exit(71)
+        else:  # the tree's own, made and mapped by its first execution
+            sysc.setns(rest[0], CLONE_NEWUSER)
+        os.dup2(chan_fd, CHANNEL_FD, inheritable=False)
+        for fd in fds:
+            os.close(fd)
+        chan_fd = CHANNEL_FD
+        drop_privileges(uid)
+        chan = Packets(socket.socket(fileno=chan_fd))
+        if kind == "exec":
+            run_one(chan, env, "all", environ=False)  # the server set env before forking Z
+        else:
+            session_loop(chan, env, "all")
+    except BaseException as exc:
+        try:
+            Packets(socket.socket(fileno=chan_fd)).send({"event": "error", "message": "sandbox setup: %r" % (exc,)})
+        except BaseException:
+            pass
+    os._exit(70)
+
+
 def server_main(cfg):
     import gc
     import selectors
-
-    global SECCOMP_INSTALL
-    if cfg.get("seccomp"):  # prepared once here: every forked tree inherits it
-        SECCOMP_INSTALL = prepare_seccomp(bytes.fromhex(cfg["seccomp"]))
 
     ctl = socket.socket(fileno=int(cfg["control_fd"]))
     sysc = Sys()
@@ -989,6 +1107,9 @@ def server_main(cfg):
             pass
 
     reset_process(cfg["env"])  # once here: the forks find it done (the server's own handlers follow)
+    global STREAMS_READY
+    install_std_streams()  # after the imports and the warm-up, which may have written to the old ones
+    STREAMS_READY = True
     uid = int(cfg["uid"])
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -997,7 +1118,28 @@ def server_main(cfg):
     signal.set_wakeup_fd(wake_w)
     gc.collect()
     gc.freeze()
-    trees = {}  # U pid -> (server's end of the tree channel, pidfd of I)
+    sysc.libc.malloc_trim(0)  # freed heap pages (compiling, importing) out of every fork's page tables
+    # Z, the fork helper: every U is forked from it, not from this process. The server's own
+    # work between forks (channels, bookkeeping) would otherwise copy-on-write-fault every page it
+    # touches after each fork; Z touches a few pages per fork, and its forks hold nothing of the
+    # server's (other trees' descriptors, the control socket), so a U has nothing to close.
+    helper, z_req = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    notes, z_note = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    zpid = os.fork()
+    if zpid == 0:
+        try:
+            signal.set_wakeup_fd(-1)
+            for sock in (ctl, factory.sock, helper, notes):
+                sock.close()
+            os.close(wake_r)
+            os.close(wake_w)
+            fork_helper(sysc, z_req, z_note, uid, cfg["env"], cfg.get("seccomp"), cfg.get("seccomp_lock"))
+        finally:
+            os._exit(70)
+    z_req.close()
+    z_note.close()
+    helper.settimeout(30.0)
+    trees = {}  # U pid -> (server's end of the tree channel, the tree's Init, kind)
 
     depth = max(1, int(cfg.get("prefork", 1)))
     sel = selectors.DefaultSelector()
@@ -1028,68 +1170,30 @@ def server_main(cfg):
         host_end, tree_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         to_u_r = to_u_w = from_u_r = from_u_w = None
         try:
+            fds = [nsfds["pid"], nsfds["mnt"], nsfds["ipc"], tree_end.fileno()]
+            if kind == "session":
+                fds.append(nsfds["net"])
             if userns is None:
                 to_u_r, to_u_w = os.pipe()
                 from_u_r, from_u_w = os.pipe()
-            sysc.setns(nsfds["pid"], CLONE_NEWPID)
-            upid = os.fork()
+                fds += [to_u_r, from_u_w]
+            else:
+                fds.append(userns)
+            socket.send_fds(helper, [b"%s %s" % (kind.encode(), b"join" if userns is not None else b"new")], fds)
+            answer = helper.recv(600)
+            if not answer.isdigit():
+                raise OSError("cannot fork the sandbox process: %s" % (answer.decode("utf-8", "replace") or "the fork helper is gone"))
+            upid = int(answer)
         except BaseException:
             os.close(nsfds["ipc"])
             for fd in (to_u_r, to_u_w, from_u_r, from_u_w):
                 if fd is not None:
                     os.close(fd)
+            host_end.close()
+            tree_end.close()
             init.kill()
             raise
-        if upid != 0:
-            os.close(nsfds["ipc"])
-        if upid == 0:
-            try:
-                signal.set_wakeup_fd(-1)
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                for fd in (wake_r, wake_w, to_u_w, from_u_r, ipidfd):
-                    if fd is not None:
-                        os.close(fd)
-                host_end.close()
-                ctl.close()
-                factory.sock.close()
-                sysc.setns(nsfds["mnt"], CLONE_NEWNS)
-                sysc.setns(nsfds["ipc"], CLONE_NEWIPC)
-                if "net" in nsfds:
-                    sysc.setns(nsfds["net"], CLONE_NEWNET)
-                os.chdir("/tmp")
-                if userns is None:
-                    sysc.unshare(CLONE_NEWUSER)
-                    os.write(from_u_w, b"u")
-                    if os.read(to_u_r, 1) != b"m":
-                        os._exit(71)
-                    os.close(to_u_r)
-                    os.close(from_u_w)
-                else:  # the tree's own, made and mapped by its first execution
-                    sysc.setns(userns, CLONE_NEWUSER)
-                # nothing of other trees (nor this tree's init channel) stays in U
-                os.close(nsfds["ipc"])
-                init.close_fds(keep_pidfd=True)  # ipidfd: closed above
-                for other_end, other_init, _kind in trees.values():
-                    other_end.close()
-                    other_init.close_fds()
-                for other_end, other_init in releasing.values():
-                    other_end.close()
-                    other_init.close_fds()
-                for other_init in (*pool, *resetting.values()):
-                    other_init.close_fds()
-                sel.close()
-                drop_privileges(uid)
-                chan = Packets(tree_end)
-                if kind == "exec":
-                    run_one(chan, cfg["env"], "all")
-                else:
-                    session_loop(chan, cfg["env"], "all")
-            except BaseException as exc:
-                try:
-                    Packets(tree_end).send({"event": "error", "message": "sandbox setup: %r" % (exc,)})
-                except BaseException:
-                    pass
-            os._exit(70)
+        os.close(nsfds["ipc"])
         if userns is None:
             os.close(to_u_r)
             os.close(from_u_w)
@@ -1118,28 +1222,41 @@ def server_main(cfg):
         return upid, host_end, ipidfd, init.uses
 
     def reap():
+        """Reap this server's own children (the init factory, the fork helper): either gone
+        means this worker is broken."""
         while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, _status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
-            if pid == fpid:
-                os._exit(3)  # the init factory died: this worker is broken
-            entry = trees.pop(pid, None)
-            if entry is not None:  # U is gone: say how; then end its namespace, or reuse it
-                tree_end, init, kind = entry
-                try:
-                    Packets(tree_end).send({"event": "exit", "status": status})
-                except OSError:
-                    pass
-                if kind == "exec" and os.WIFEXITED(status) and init.uses + 1 < MAX_TREE_USES:
-                    releasing[tree_end.fileno()] = (tree_end, init)
-                    sel.register(tree_end, selectors.EVENT_READ, "release")
-                else:
-                    tree_end.close()
-                    init.kill()
+            if pid in (fpid, zpid):
+                os._exit(3)
+
+    def u_exited():
+        """The fork helper reaped a ``U``: say how it ended; then end its namespace, or reuse it."""
+        try:
+            data = notes.recv(64)
+        except OSError:
+            data = b""
+        if not data:
+            os._exit(3)  # the fork helper is gone
+        pid, status = (int(x) for x in data.split())
+        entry = trees.pop(pid, None)
+        if entry is None:
+            return
+        tree_end, init, kind = entry
+        try:
+            Packets(tree_end).send({"event": "exit", "status": status})
+        except OSError:
+            pass
+        if kind == "exec" and os.WIFEXITED(status) and init.uses + 1 < MAX_TREE_USES:
+            releasing[tree_end.fileno()] = (tree_end, init)
+            sel.register(tree_end, selectors.EVENT_READ, "release")
+        else:
+            tree_end.close()
+            init.kill()
 
     def released(fd):
         """The host closed a finished exec tree's channel (it will not kill that init any more):
@@ -1168,11 +1285,18 @@ def server_main(cfg):
             answer = json.loads(init.chan.recv_raw()[0])
         except (EOFError, OSError, ValueError):
             answer = {}
-        if isinstance(answer, dict) and answer.get("ok") is True and len(pool) < depth:
+        if isinstance(answer, dict) and answer.get("ok") is True and len(pool) < depth + POOL_SPARE:
             init.uses += 1
             pool.append(init)
         else:
             init.kill()
+
+    def refill():
+        """Fork exec trees ahead until ``depth`` are ready, unless a request is waiting; when
+        no reset tree is in the pool but one is on its way back (released or resetting), wait
+        for it rather than make a new one (a new tree costs namespaces, mounts and an init)."""
+        while len(ready) < depth and (pool or not (releasing or resetting)) and not sel.select(0):
+            ready.append(fork_tree("exec"))
 
     ready = [fork_tree("exec") for _ in range(depth)]
     ctl.send(frame({
@@ -1181,9 +1305,12 @@ def server_main(cfg):
     }))
     sel.register(ctl, selectors.EVENT_READ)
     sel.register(wake_r, selectors.EVENT_READ)
+    sel.register(notes, selectors.EVENT_READ, "exited")
     while True:
         for key, _ in sel.select():
-            if key.data == "release":
+            if key.data == "exited":
+                u_exited()
+            elif key.data == "release":
                 released(key.fd)
             elif key.data == "reset":
                 reset_done(key.fd)
@@ -1203,8 +1330,6 @@ def server_main(cfg):
                         ctl, [frame({"event": "tree", "pid": pid, "reused": uses})], [host_end.fileno(), pidfd]
                     )
                     host_end.close()
-                    if len(ready) < depth and not sel.select(0):  # refill unless asked again
-                        ready.append(fork_tree("exec"))
                 elif msg.get("op") == "ping":
                     ctl.send(frame({"event": "pong"}))
             else:
@@ -1214,8 +1339,7 @@ def server_main(cfg):
                 except BlockingIOError:
                     pass
             reap()
-        while len(ready) < depth and not sel.select(0):
-            ready.append(fork_tree("exec"))
+        refill()
 
 
 # --------------------------------------------------------------------------------------------

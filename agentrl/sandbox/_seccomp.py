@@ -6,8 +6,14 @@ installed where the user's code starts, after the sandbox's own setup, which nee
 calls (``unshare``, ``mount``, ``setns`` to build and reset warm trees):
 
 - per-execution mode: by bwrap itself (``--seccomp FD``), right before it starts the interpreter;
-- warm mode and sessions: by the guest runtime (:func:`agentrl.sandbox._guest.prepare_seccomp`)
-  in the forked process that runs the code, after the tree's set-up.
+- warm mode and sessions: by the guest runtime (:func:`agentrl.sandbox._guest.prepare_seccomp`), in
+  two stages whose conjunction is this filter. The warm server's fork helper loads
+  ``program(setup=True)`` once: the same filter, except that it lets the tree's process enter the
+  tree's namespaces (``setns``) and make its user namespace (``unshare(CLONE_NEWUSER)``, nothing
+  else). Every tree process inherits it from the fork, then, after that set-up and before it
+  reads a request, adds :func:`lock_program`, which refuses exactly those (``EPERM``). Filters
+  stack and the strictest answer wins, so the code meets this filter; loading the small second
+  stage costs a fork microseconds, where the whole filter cost a fork a fresh compilation.
 
 Every process the code starts inherits it, and it cannot be removed.
 
@@ -43,7 +49,7 @@ import tempfile
 
 from agentrl.errors import SandboxUnavailable
 
-__all__ = ["DENIED", "NAMESPACE_FLAGS", "allowed", "docker_profile", "program", "describe"]
+__all__ = ["DENIED", "NAMESPACE_FLAGS", "SETUP_CALLS", "allowed", "describe", "docker_profile", "lock_program", "program"]
 
 DENIED: tuple[str, ...] = (
     # Docker's default profile: denied to containers without extra capabilities
@@ -72,6 +78,12 @@ NAMESPACE_FLAGS = (
     | 0x40000000  # CLONE_NEWNET
 )
 """``clone`` flags that create a namespace: a ``clone`` with any of them is refused."""
+
+SETUP_CALLS = ("setns", "unshare")
+"""Denied calls that a warm tree's process needs for its own set-up: allowed by the set-up stage
+(``program(setup=True)``; ``unshare`` with ``CLONE_NEWUSER`` alone), refused again by
+:func:`lock_program` before the code runs."""
+_CLONE_NEWUSER = 0x10000000
 
 
 def _seccomp():  # type: ignore[no-untyped-def]
@@ -128,14 +140,24 @@ def allowed() -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+def _export(f) -> bytes:  # type: ignore[no-untyped-def]
+    with tempfile.TemporaryFile() as out:
+        f.export_bpf(out)
+        out.seek(0)
+        return out.read()
+
+
 @functools.cache
-def program() -> bytes:
+def program(setup: bool = False) -> bytes:
     """The filter as a classic BPF program (what ``prctl(PR_SET_SECCOMP)`` loads), built once per
     process by libseccomp for the native architecture only: a system call made through another
     architecture's entry (32-bit ``int 0x80`` on x86-64, x32) kills the process (libseccomp's
     default for a foreign architecture). Calls it does not name are refused with ``ENOSYS``;
     rules are laid out as a binary tree (libseccomp's optimization level 2), so a call costs a
-    few comparisons however long the allowlist."""
+    few comparisons however long the allowlist.
+
+    ``setup``: the warm trees' first stage, which also allows :data:`SETUP_CALLS` (see the module
+    docstring); never the whole filter on its own."""
     sc = _seccomp()
     f = sc.SyscallFilter(sc.ERRNO(errno.ENOSYS))
     try:
@@ -145,7 +167,13 @@ def program() -> bytes:
     for name in allowed():
         f.add_rule(sc.ALLOW, name)
     deny = sc.ERRNO(errno.EPERM)
+    if setup:
+        f.add_rule(sc.ALLOW, "setns")
+        f.add_rule(sc.ALLOW, "unshare", sc.Arg(0, sc.EQ, _CLONE_NEWUSER))
+        f.add_rule(deny, "unshare", sc.Arg(0, sc.NE, _CLONE_NEWUSER))
     for name in dict.fromkeys(DENIED):
+        if setup and name in SETUP_CALLS:
+            continue
         try:
             f.add_rule(deny, name)
         except (RuntimeError, ValueError, OSError):  # not a system call of this architecture
@@ -162,10 +190,19 @@ def program() -> bytes:
     f.add_rule(sc.ALLOW, "personality", sc.Arg(0, sc.MASKED_EQ, _PERSONA_ALL, 0))
     for query in _PERSONA_QUERIES:
         f.add_rule(sc.ALLOW, "personality", sc.Arg(0, sc.EQ, query))
-    with tempfile.TemporaryFile() as out:
-        f.export_bpf(out)
-        out.seek(0)
-        return out.read()
+    return _export(f)
+
+
+@functools.cache
+def lock_program() -> bytes:
+    """The warm trees' second stage: refuses :data:`SETUP_CALLS` with ``EPERM`` and allows
+    everything else, which ``program(setup=True)``, loaded beneath it, decides. Alone it protects
+    nothing; the two together are :func:`program`."""
+    sc = _seccomp()
+    f = sc.SyscallFilter(sc.ALLOW)
+    for name in SETUP_CALLS:
+        f.add_rule(sc.ERRNO(errno.EPERM), name)
+    return _export(f)
 
 
 _DOCKER_ARCH = {"x86_64": "SCMP_ARCH_X86_64", "aarch64": "SCMP_ARCH_AARCH64", "arm64": "SCMP_ARCH_AARCH64",

@@ -44,10 +44,12 @@ class WarmWorker:
         kind: ``"full"`` (imports the sandbox's preloads), ``"lean"`` (none: a smaller process
             to fork, for code that imports none of them) or ``"session"`` (no preloads; serves
             one session of a per-execution-mode sandbox).
-        argv: the command line that starts it, given the guest's end of the control channel and
-            a user-namespace descriptor.
+        argv: the command line that starts it, given the guest's end of the control channel, a
+            user-namespace descriptor and the descriptor holding ``code`` (None without).
         startup_timeout_s: longest wait for its ``ready``.
         stats: the sandbox's counters (``trees_reused`` is counted here).
+        code: the compiled guest program (:func:`agentrl.sandbox._launch.guest_code`), handed
+            to bwrap on a memfd; None: the server compiles the source.
 
     Attributes:
         cgroup: the cgroup its one-shot executions run in (made on first use by the sandbox,
@@ -58,10 +60,12 @@ class WarmWorker:
     """
 
     def __init__(
-        self, kind: str, argv: Callable[[int, int], list[str]], startup_timeout_s: float, stats: Any
+        self, kind: str, argv: Callable[[int, int, int | None], list[str]], startup_timeout_s: float,
+        stats: Any, code: bytes | None = None,
     ) -> None:
         self.kind = kind
         self._argv = argv
+        self._code = code
         self.startup_timeout_s = startup_timeout_s
         self.stats = stats
         self.cgroup: Cgroup | None = None
@@ -89,14 +93,21 @@ class WarmWorker:
             guest_end.close()
             raise
         self.stderr = tempfile.TemporaryFile()
+        code_fd = None
         try:
-            argv = self._argv(guest_end.fileno(), userns)
+            if self._code is not None:  # bwrap copies it into the container (--ro-bind-data)
+                code_fd = os.memfd_create("agentrl-guest", 0)
+                view = memoryview(self._code)
+                while view:
+                    view = view[os.write(code_fd, view):]
+                os.lseek(code_fd, 0, os.SEEK_SET)
+            argv = self._argv(guest_end.fileno(), userns, code_fd)
+            fds = (guest_end.fileno(), userns) + (() if code_fd is None else (code_fd,))
             try:
                 # From the event loop's thread: bwrap's --die-with-parent follows this thread.
                 self.proc = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.stderr,
-                    env={"PATH": "/usr/bin:/bin"}, pass_fds=(guest_end.fileno(), userns),
-                    start_new_session=True,
+                    env={"PATH": "/usr/bin:/bin"}, pass_fds=fds, start_new_session=True,
                 )
             except OSError as exc:
                 host_end.close()
@@ -104,6 +115,8 @@ class WarmWorker:
         finally:
             guest_end.close()
             os.close(userns)
+            if code_fd is not None:
+                os.close(code_fd)
         host_end.setblocking(False)
         self.ctl = host_end
         self.launched_at = time.monotonic()

@@ -77,7 +77,7 @@ import anyio
 from agentrl.errors import ConfigError, SandboxError, SandboxUnavailable
 from agentrl.sandbox._backend import SandboxBase, TreeSession
 from agentrl.sandbox._cgroups import Cgroup, CgroupRoot, CgroupsUnavailable, open_root
-from agentrl.sandbox._launch import NO_UID, guest_argv, oneshot_argv
+from agentrl.sandbox._launch import GUEST_CODE_PATH, NO_UID, guest_argv, guest_code, oneshot_argv
 from agentrl.sandbox._layout import (
     SANDBOX_ENV,
     SANDBOX_UID,
@@ -85,6 +85,7 @@ from agentrl.sandbox._layout import (
     SYSTEM_PATHS,
     TMPFS_BYTES,
     is_within,
+    base_python,
     resolve_python,
     site_packages_binds,
 )
@@ -245,6 +246,9 @@ class BubblewrapSandbox(SandboxBase):
         self.startup_timeout_s = float(startup_timeout_s)
         self._bwrap = bwrap
         self._python, prefixes = resolve_python(python)
+        #: The compiled guest for warm servers when they run this interpreter (marshal data is
+        #: only valid for the version that wrote it); None: they compile its source.
+        self._guest_code = guest_code() if self._python == base_python() else None
         self._privileged = os.geteuid() == 0
         if warm and not self._privileged:
             log.warning(
@@ -265,11 +269,13 @@ class BubblewrapSandbox(SandboxBase):
             if self._privileged and not self.warm else []
         )
         self._static_args = self._build_static_args(bwrap, prefixes)
-        from agentrl.sandbox._seccomp import program
+        from agentrl.sandbox._seccomp import lock_program, program
 
         self.seccomp = bool(seccomp)
         """Whether the user's code runs under the system-call filter (:mod:`agentrl.sandbox._seccomp`)."""
         self._seccomp_program = program() if self.seccomp else None
+        #: Warm servers' two stages (see :mod:`agentrl.sandbox._seccomp`), hex.
+        self._seccomp_stages = (program(setup=True).hex(), lock_program().hex()) if self.seccomp else ("", "")
         self.cpus = None if cpus is None else float(cpus)
         self._cgroups: CgroupRoot | None = None
         self.cgroup_mode = "off"
@@ -296,8 +302,8 @@ class BubblewrapSandbox(SandboxBase):
         self._router = ImportRouter(self.preload) if (lean_workers and self.preload) else None
         self._pool = WarmPool(
             lambda kind: WarmWorker(
-                kind, lambda fd, userns: self._server_argv(fd, userns, kind),
-                self.startup_timeout_s, self.stats,
+                kind, lambda fd, userns, code_fd: self._server_argv(fd, userns, kind, code_fd),
+                self.startup_timeout_s, self.stats, code=self._guest_code,
             ),
             self.max_concurrency, self.stats, self._worker_ready, self._worker_gone,
         )
@@ -537,7 +543,7 @@ class BubblewrapSandbox(SandboxBase):
             worker.cgroup.remove()
             worker.cgroup = None
 
-    def _server_argv(self, control_fd: int, userns: int, kind: str) -> list[str]:
+    def _server_argv(self, control_fd: int, userns: int, kind: str, code_fd: int | None = None) -> list[str]:
         preload = kind == "full"
         caps: list[str] = []
         for cap in _SERVER_CAPS:
@@ -557,10 +563,14 @@ class BubblewrapSandbox(SandboxBase):
             "uid": SANDBOX_UID,
             "tmpfs_bytes": TMPFS_BYTES,
             "prefork": 1 if kind == "session" else PREFORK,
-            "seccomp": self._seccomp_program.hex() if self._seccomp_program else "",
+            "seccomp": self._seccomp_stages[0],
+            "seccomp_lock": self._seccomp_stages[1],
         }
-        python = guest_argv(self._python, "server", config)
-        return [*head, *self._static_args, *self._site_args(), "--", *python]
+        if code_fd is None:
+            return [*head, *self._static_args, *self._site_args(), "--", *guest_argv(self._python, "server", config)]
+        code = ["--ro-bind-data", str(code_fd), GUEST_CODE_PATH]
+        python = guest_argv(self._python, "server", config, code_path=GUEST_CODE_PATH)
+        return [*head, *self._static_args, *self._site_args(), *code, "--", *python]
 
     # -- shared ------------------------------------------------------------------------------
 
