@@ -61,6 +61,7 @@ descriptors for the code's stdout and stderr travel with the request (``SCM_RIGH
 channel is a Unix socket.
 """
 
+import _socket  # socket.socket adds Python-level set-up a tree process does not need
 import _signal  # the C module: signal.signal/getsignal wrap every answer in an enum, slowly
 import json
 import os
@@ -119,10 +120,13 @@ class Packets:
         return data, fds
 
     def recv_request(self):
-        """One request: header (with the stdout/stderr fds attached), then the code in chunks."""
+        """One request: the header (with the stdout/stderr fds attached), then the code in
+        chunks; the header's message may carry the start of the code after a newline (a JSON
+        header never holds a raw one), all of it when it is short."""
         data, fds = self.recv_raw()
-        req = json.loads(data)
-        parts, size, want = [], 0, int(req["code_len"])
+        head, _nl, first = data.partition(b"\n")
+        req = json.loads(head)
+        parts, size, want = [first], len(first), int(req["code_len"])
         while size < want:
             chunk, extra = self.recv_raw()
             for fd in extra:
@@ -424,17 +428,17 @@ def reset_process(env, environ=True):
 
 
 def close_fds_above(n, keep=()):
-    try:
-        names = os.listdir("/proc/self/fd")
-    except OSError:
-        names = [str(i) for i in range(n + 1, 1024)]
-    for name in names:
-        fd = int(name)
-        if fd > n and fd not in keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+    """Close every descriptor above ``n`` but those in ``keep`` (``close_range`` where the kernel
+    has it: no listing of /proc/self/fd)."""
+    low = n + 1
+    for fd in sorted(keep):
+        if fd >= low:
+            os.closerange(low, fd)
+            low = fd + 1
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # above the soft limit: opened before it was lowered
+    os.closerange(low, hard if 0 < hard < 1 << 20 else 1 << 20)
 
 
 def install_std_streams():
@@ -818,8 +822,9 @@ def fresh_tmpfs(sysc, size, remount):
 
 
 def init_main(sysc, chan, cfg):
-    """``I``: reap orphans until killed; on ``{"op": "reset"}`` from the server, make the tree fit
-    for another execution and answer ``{"ok": true}`` (or ``{"ok": false, "error": ...}``).
+    """``I``: reap orphans until killed; on ``reset`` from the server, make the tree fit for
+    another execution and answer ``ok`` (or ``error: <what>``; plain bytes, between two
+    processes of the sandbox's own).
 
     A reset SIGKILLs every other process of the PID namespace and waits (up to ``RESET_WAIT_S``)
     until none is left, then mounts fresh tmpfs on /tmp and /dev/shm and moves ``I`` to a new IPC
@@ -855,15 +860,15 @@ def init_main(sysc, chan, cfg):
             os._exit(0)
         for fd in fds:
             os.close(fd)
+        if data != b"reset":
+            continue
         try:
-            if json.loads(data).get("op") != "reset":
-                continue
             reset_tree(sysc, cfg)
-            answer = {"ok": True}
+            answer = b"ok"
         except Exception as exc:
-            answer = {"ok": False, "error": "%r" % (exc,)}
+            answer = ("error: %r" % (exc,)).encode("utf-8", "replace")
         try:
-            chan.send(answer)
+            chan.sock.send(answer)
         except OSError:
             os._exit(0)
 
@@ -1029,7 +1034,7 @@ def tree_process(sysc, kind, how, fds, z_fds, uid, env):
             os.close(fd)
         chan_fd = CHANNEL_FD
         drop_privileges(uid)
-        chan = Packets(socket.socket(fileno=chan_fd))
+        chan = Packets(_socket.socket(fileno=chan_fd))
         if kind == "exec":
             run_one(chan, env, "all", environ=False)  # the server set env before forking Z
         else:
@@ -1248,7 +1253,7 @@ def server_main(cfg):
             return
         tree_end, init, kind = entry
         try:
-            Packets(tree_end).send({"event": "exit", "status": status})
+            tree_end.send(b'{"event":"exit","status":%d}' % status)
         except OSError:
             pass
         if kind == "exec" and os.WIFEXITED(status) and init.uses + 1 < MAX_TREE_USES:
@@ -1271,7 +1276,7 @@ def server_main(cfg):
         del releasing[fd]
         tree_end.close()
         try:
-            init.chan.send({"op": "reset"})
+            init.chan.sock.send(b"reset")
         except OSError:
             init.kill()
             return
@@ -1282,10 +1287,10 @@ def server_main(cfg):
         init = resetting.pop(fd)
         sel.unregister(init.chan.sock)
         try:
-            answer = json.loads(init.chan.recv_raw()[0])
-        except (EOFError, OSError, ValueError):
-            answer = {}
-        if isinstance(answer, dict) and answer.get("ok") is True and len(pool) < depth + POOL_SPARE:
+            answer = init.chan.sock.recv(4096)
+        except OSError:
+            answer = b""
+        if answer == b"ok" and len(pool) < depth + POOL_SPARE:
             init.uses += 1
             pool.append(init)
         else:

@@ -75,10 +75,13 @@ class AsyncConn:
                 await anyio.wait_writable(self.sock)
 
     async def send_request(self, header: dict[str, Any], code: bytes, fds: tuple[int, ...]) -> None:
-        """The request header (``fds`` attached), then the code in chunks."""
+        """The request header (``fds`` attached) and, after a newline in the same message, as
+        much of the code as fits in one chunk; then the rest in chunks (one message for most
+        code: :meth:`agentrl.sandbox._guest.Packets.recv_request`)."""
         head = json.dumps({**header, "code_len": len(code)}, separators=(",", ":")).encode()
-        await self._send(head, fds)
-        for i in range(0, len(code), _CHUNK):
+        first = max(0, _CHUNK - len(head) - 1)
+        await self._send(head + b"\n" + code[:first], fds)
+        for i in range(first, len(code), _CHUNK):
             await self._send(code[i : i + _CHUNK])
 
     async def recv(self) -> dict[str, Any] | None:
