@@ -1331,10 +1331,16 @@ def server_main(cfg):
                     else:
                         tree = fork_tree(kind)
                     pid, host_end, pidfd, uses = tree
-                    socket.send_fds(
-                        ctl, [frame({"event": "tree", "pid": pid, "reused": uses})], [host_end.fileno(), pidfd]
-                    )
+                    fds = [host_end.fileno(), pidfd]
+                    try:
+                        if kind == "exec":  # the host trusts U's own exit report only once U is gone
+                            fds.append(os.pidfd_open(pid))
+                    except OSError:  # U died already: the host sees its end on the channel
+                        fds.append(os.open("/dev/null", os.O_RDONLY))
+                    socket.send_fds(ctl, [frame({"event": "tree", "pid": pid, "reused": uses})], fds)
                     host_end.close()
+                    for fd in fds[2:]:
+                        os.close(fd)
                 elif msg.get("op") == "ping":
                     ctl.send(frame({"event": "pong"}))
             else:

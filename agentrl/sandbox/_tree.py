@@ -131,10 +131,11 @@ class Tree:
 
     def __init__(
         self, conn: AsyncConn, *, pidfd: int | None = None, proc: subprocess.Popen[bytes] | None = None,
-        reusable: bool = False,
+        reusable: bool = False, code_pidfd: int | None = None,
     ) -> None:
         self.conn = conn
         self.pidfd = pidfd
+        self.code_pidfd = code_pidfd
         self.proc = proc
         self.reusable = reusable
         self.keep_init = False
@@ -160,6 +161,13 @@ class Tree:
                 await anyio.sleep(0.005)
             self.proc.wait()
 
+    async def wait_code_gone(self) -> None:
+        """Wait until the tree's ``U`` has exited (bubblewrap one-shot trees). Its ``exit`` event
+        is its own word: code that forged one and went on running would otherwise outlive its
+        deadline (the server resets a tree only once ``U`` is gone)."""
+        if self.code_pidfd is not None:
+            await anyio.wait_readable(self.code_pidfd)
+
     def local_status(self) -> int | None:
         """The local process's wait-style return code once it has exited (Popen convention)."""
         if self.proc is None:
@@ -174,9 +182,10 @@ class Tree:
         if not self.keep_init:
             self.kill()
         self.conn.close()
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-            self.pidfd = None
+        for fd in (self.pidfd, self.code_pidfd):
+            if fd is not None:
+                os.close(fd)
+        self.pidfd = self.code_pidfd = None
         if self.proc is not None:
             try:
                 self.proc.wait(timeout=_KILL_WAIT_S)
@@ -257,6 +266,8 @@ async def run_on_tree(
                     out_w = err_w = -1
                 if state["error"] is None:
                     await _read_events(tree, state, session)
+                    if not session and state["status"] is not None:
+                        await tree.wait_code_gone()
             timed_out = scope.cancelled_caught
             wall_s = time.monotonic() - started_at
             ended = True

@@ -189,7 +189,8 @@ class WarmWorker:
             raise SandboxError(f"bubblewrap sandbox: the warm worker is gone: {exc}") from exc
         with anyio.move_on_after(30) as scope:
             msg, fds = await self._recv()
-        if scope.cancelled_caught or msg is None or msg.get("event") != "tree" or len(fds) != 2:
+        want = 3 if kind == "exec" else 2  # exec trees: U's pidfd too (Tree.wait_code_gone)
+        if scope.cancelled_caught or msg is None or msg.get("event") != "tree" or len(fds) != want:
             for fd in fds if not scope.cancelled_caught and msg is not None else ():
                 os.close(fd)
             raise SandboxError(
@@ -198,7 +199,9 @@ class WarmWorker:
         sock = socket.socket(fileno=fds[0])
         if kind == "exec" and msg.get("reused"):
             self.stats.trees_reused += 1
-        return Tree(AsyncConn(sock), pidfd=fds[1], reusable=kind == "exec")
+        return Tree(
+            AsyncConn(sock), pidfd=fds[1], reusable=kind == "exec", code_pidfd=fds[2] if kind == "exec" else None
+        )
 
     async def _recv(self) -> tuple[dict[str, Any] | None, list[int]]:
         assert self.ctl is not None

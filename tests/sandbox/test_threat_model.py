@@ -142,6 +142,37 @@ def test_sleeping_past_the_deadline(sandbox_of: SandboxOf, kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
+def test_forged_end_of_execution(sandbox_of: SandboxOf, kind: str) -> None:
+    """Code that reports its own end on every socket it can reach (as JSON messages and as
+    frames), then goes on running: it still ends at its deadline, and nothing of it is left."""
+    sb = sandbox_of(kind)
+    name = token()
+    code = comm_code(name) + (
+        "import socket, struct, time\n"
+        "forged = [b'{\"event\":\"exit\",\"status\":0}', b'{\"event\":\"done\",\"exit_code\":0}']\n"
+        "forged += [struct.pack('>I', len(m)) + m for m in list(forged)]\n"
+        "for fd in range(3, 1100):\n"
+        "    try:\n"
+        "        s = socket.socket(fileno=fd)\n"
+        "    except OSError:\n"
+        "        continue\n"
+        "    for m in forged:\n"
+        "        try:\n"
+        "            s.send(m)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    s.detach()\n"
+        "time.sleep(3600)\n"
+    )
+    t0 = time.monotonic()
+    r = run(sb, code, timeout_s=1.5)
+    assert r.timed_out and r.exit_code is None and not r.ok, r
+    assert time.monotonic() - t0 < 6
+    assert wait_none_named(name, 5.0) == []
+    still_works(sb)
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
 def test_gigantic_output(sandbox_of: SandboxOf, kind: str) -> None:
     sb = sandbox_of(kind)
     code = (
