@@ -49,6 +49,11 @@ Covered:
 * **Infinite loop; sleeping past the deadline** (all; ``test_infinite_loop``,
   ``test_sleeping_past_the_deadline``). A wall-clock deadline per execution (``timeout_s``), plus
   ``RLIMIT_CPU`` just above it; output written before the deadline is kept, ``timed_out`` is set.
+* **Forging the end of its own execution** (all; ``test_forged_end_of_execution``). Code that
+  writes "I exited" on every socket it can reach and goes on running is still killed at its
+  deadline: the warm bubblewrap host takes an ``exit`` report from the code's channel only once
+  the code's process is really gone (a pidfd of it from the server), the Docker runner and the
+  one-shot modes report ends they observed themselves.
 * **Busy children outliving the parent** (bwrap, docker; ``test_busy_children_outliving_the_parent``).
   Every execution has a PID namespace (bwrap) or container (docker) of its own; when the code's
   main process ends, everything else in it is SIGKILLed (daemons, new sessions included) before
@@ -75,8 +80,11 @@ Covered:
   the code never blocks on a full pipe and the engine's memory stays bounded.
 * **Deleting or replacing the worker's own files** (bwrap, docker;
   ``test_deleting_or_replacing_the_workers_files``). The interpreter, its libraries and the
-  preloaded packages are read-only binds; the warm server's code is passed on its command line;
-  each execution is a fresh fork, so even changes in memory (``sympy.solve = None``) die with it.
+  preloaded packages are read-only binds; the warm server's code is passed on its command line or
+  compiled in a read-only file of the server's own ``/tmp``, which the executions' fresh tmpfs
+  covers; each execution is a fresh fork, so even changes in memory (``sympy.solve = None``) die
+  with it. It is forked by the server's fork helper, which holds none of the server's descriptors
+  (no other tree's channel, no control socket).
   A worker or container that dies anyway is replaced (``tests/sandbox/test_warm.py``,
   ``tests/sandbox/test_docker.py``).
 * **State leaking between executions and between sessions** (bwrap, docker;
@@ -96,7 +104,8 @@ Covered:
 
 * **The kernel's most attacked interfaces** (bwrap, per-execution and warm mode and sessions;
   docker; ``tests/sandbox/test_seccomp.py``): the user's code runs under a seccomp filter built
-  with libseccomp (:mod:`agentrl.sandbox._seccomp`), installed after the sandbox's own setup;
+  with libseccomp (:mod:`agentrl.sandbox._seccomp`), complete from before the code's first
+  instruction (warm trees: two stacked stages, the second added after the tree's own set-up);
   Docker containers run under the same filter as a seccomp profile instead of Docker's default. It
   is an allowlist (a call libseccomp does not know, e.g. one newer than it, answers ``ENOSYS``, as
   outside Docker's allowlist), and it refuses nested user namespaces and every other new namespace

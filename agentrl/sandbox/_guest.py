@@ -17,21 +17,25 @@ Modes (``sys.argv[1]``):
     ``CAP_SETUID``, ``CAP_SETGID``, ``CAP_SETFCAP``, ``CAP_SYS_ADMIN``, ``CAP_SYS_CHROOT`` and
     ``CAP_NET_ADMIN`` over its own namespaces only)
     First forks ``F``, the *init factory*, while it is still small; then imports the configured
-    modules, runs the warm-up code, freezes the heap (``gc.freeze``) and answers requests on the
-    control socket (fd from the config, ``SOCK_SEQPACKET``, frames):
+    modules, runs the warm-up code, freezes the heap (``gc.freeze``), forks ``Z``, the *fork
+    helper* (:func:`fork_helper`), and answers requests on the control socket (fd from the
+    config, ``SOCK_SEQPACKET``, frames):
     ``{"op": "take", "kind": "exec" | "session"}`` -> ``{"event": "tree", "pid": n}`` with two
-    descriptors attached: the host's end of the new *tree*'s channel and a pidfd of the tree's
-    init. ``exec`` trees are forked ahead of requests (``prefork`` of them are kept ready).
+    descriptors attached: the host's end of the new *tree*'s channel, a pidfd of the tree's
+    init and (``exec``) a pidfd of its ``U``. ``exec`` trees are forked ahead of requests
+    (``prefork`` of them are kept ready).
 
     A *tree* is: ``I``, forked by ``F`` (cheap: ``F`` is small), pid 1 of a fresh PID namespace
     with fresh mount and IPC namespaces (and a fresh network namespace, loopback only, for
     sessions), a fresh size-capped tmpfs on ``/tmp`` and ``/dev/shm`` and a ``/proc`` of its own;
     ``I`` reaps orphans and resets the tree on the server's request (:func:`init_main`). And
-    ``U``, forked by the (big, warm) server into ``I``'s namespaces
-    (``setns``), in a user namespace of its own (so that ``RLIMIT_NPROC`` counts the tree's
-    processes only) as uid/gid 65534 with no capabilities, waiting for its request. ``U`` runs the
+    ``U``, forked by ``Z`` (a copy of the warm server that does nothing but fork, so that the
+    server's own work between forks faults no copy-on-write pages and a ``U`` inherits none of
+    its descriptors) into ``I``'s namespaces (``setns``), in a user namespace of its own (so that
+    ``RLIMIT_NPROC`` counts the tree's processes only) as uid/gid 65534 with no capabilities,
+    under the system-call filter, waiting for its request (:func:`tree_process`). ``U`` runs the
     code, kills every other process of the tree, reports ``{"event": "exit", "status": ...}``
-    and exits; the server reaps ``U`` and reports its real status too (also when ``U`` died
+    and exits; ``Z`` reaps it and the server reports its real status too (also when ``U`` died
     without reporting). Then, for an ``exec`` tree whose ``U`` exited by itself, the server waits
     until the host has closed the tree's channel (after which the host never signals that ``I``
     again), asks ``I`` to reset the tree and keeps it for a later ``exec`` tree (at most

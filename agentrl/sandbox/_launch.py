@@ -54,7 +54,7 @@ def guest_argv(
     if code_path is None:
         program = GUEST_SOURCE
     else:
-        program = "import marshal;exec(marshal.loads(open(%r,'rb').read()))" % code_path
+        program = f"import marshal;exec(marshal.loads(open({code_path!r},'rb').read()))"
     return [python, "-I", "-S", "-c", program, mode, json.dumps(config)]
 
 

@@ -84,8 +84,8 @@ from agentrl.sandbox._layout import (
     SITE_MOUNT,
     SYSTEM_PATHS,
     TMPFS_BYTES,
-    is_within,
     base_python,
+    is_within,
     resolve_python,
     site_packages_binds,
 )

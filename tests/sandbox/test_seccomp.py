@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from agentrl.sandbox import BubblewrapSandbox
-from agentrl.sandbox._seccomp import DENIED, program
+from agentrl.sandbox._seccomp import DENIED, lock_program, program
 from tests.sandbox.conftest import SETTINGS, run
 
 FILTERED = ["bubblewrap-exec", "bubblewrap-warm", "docker"]  # docker: agentrl's profile (docker_profile)
@@ -131,3 +131,47 @@ def test_a_call_libseccomp_does_not_know_is_refused(sandbox_of: Any, kind: str) 
     number = _unknown_but_implemented()
     r = run(sandbox_of(kind), PRELUDE + f"print(L.syscall({number}, -1, 0, 0, 0, 0, 0), E())")
     assert r.stdout.split() == ["-1", str(ENOSYS)], (number, r.stdout, r.stderr)
+
+
+_STAGES = """
+import ctypes, json, sys
+L = ctypes.CDLL(None, use_errno=True)
+class Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+def load(hexprog):
+    raw = bytes.fromhex(hexprog)
+    buf = ctypes.create_string_buffer(raw, len(raw))
+    prog = Prog(len(raw) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    assert L.prctl(38, 1, 0, 0, 0) == 0 and L.prctl(22, 2, ctypes.byref(prog), 0, 0) == 0
+def probe():
+    out = {}
+    for name, call in [("setns", lambda: L.setns(0, 0)), ("unshare user", lambda: L.unshare(0x10000000)),
+                       ("unshare mount", lambda: L.unshare(0x00020000)), ("bpf", lambda: L.syscall(321, 0, 0, 0))]:
+        ctypes.set_errno(0)
+        out[name] = (call(), ctypes.get_errno())
+    return out
+load(sys.argv[1])
+first = probe()
+load(sys.argv[2])
+print(json.dumps([first, probe()]))
+"""
+
+
+def test_the_warm_stages_stack_into_the_filter() -> None:
+    """Warm trees load the filter in two stages: the first lets the tree's process enter the
+    tree's namespaces and make its user namespace (and nothing else the filter denies), the
+    second, added before the code runs, refuses those too (the pair is :func:`program`)."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", _STAGES, program(setup=True).hex(), lock_program().hex()],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    setup, locked = json.loads(done.stdout)
+    assert setup["setns"][1] != EPERM and setup["unshare user"] == [0, 0]  # fd 0 is no namespace: EINVAL
+    assert setup["unshare mount"] == [-1, EPERM] and setup["bpf"] == [-1, EPERM]
+    assert all(value == [-1, EPERM] for value in locked.values()), locked
+    assert len(lock_program()) // 8 < 20  # small: loading it costs a fork next to nothing

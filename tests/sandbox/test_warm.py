@@ -243,6 +243,33 @@ def test_a_reused_tree_carries_nothing_over(loop: str) -> None:
         assert lines["procs"] == "[]", r
 
 
+def test_the_code_holds_no_descriptor_of_the_worker() -> None:
+    """The code's process holds its standard streams and its own channel (fd 1000), nothing
+    else: no other tree's channel, no control socket, no namespace descriptor, no pipe of the
+    server's (it is forked by the fork helper, which holds none of them), however many trees the
+    worker has handed out before."""
+    code = (
+        "import os\n"
+        "fds = [int(n) for n in os.listdir('/proc/self/fd')]\n"
+        "held = {}\n"
+        "for fd in fds:\n"
+        "    try:\n"
+        "        held[fd] = os.readlink('/proc/self/fd/%d' % fd)\n"
+        "    except OSError:\n"
+        "        pass\n"  # the descriptor listdir used, closed by now
+        "print(sorted(held))\n"
+        "print(held[1000].startswith('socket:'))\n"
+    )
+
+    async def go() -> list[ExecResult]:
+        async with light(max_concurrency=1) as sb:
+            await sb.start()
+            return [await sb.run(code) for _ in range(5)]
+
+    for r in arun(go):
+        assert r.ok and r.stdout.splitlines() == ["[0, 1, 2, 1000]", "True"], r
+
+
 @pytest.mark.parametrize("how", ["timeout", "crash"])
 def test_a_tree_that_ended_badly_is_never_reused(how: str) -> None:
     """A tree whose execution ran into its deadline, or whose process was killed by a signal, is
