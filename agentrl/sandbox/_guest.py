@@ -1051,6 +1051,56 @@ def tree_process(sysc, kind, how, fds, z_fds, uid, env):
     os._exit(70)
 
 
+#: How many times :func:`rehearse` runs the path (CPython 3.11 specializes a function's bytecode
+#: after 8 calls).
+REHEARSALS = 12
+
+
+def rehearse(env):
+    """Run the harmless parts of a tree process's path in the warm server, :data:`REHEARSALS`
+    times, before the fork helper is forked: receiving a request, the environment check, a new
+    ``__main__``, compiling and running a cell, and a cell that raises (its traceback printed into
+    a buffer).
+
+    CPython 3.11 counts a function's calls before it specializes its bytecode, and writes the
+    counters and inline caches into the code object as it runs: a fork that runs a function its
+    parent never ran writes those pages, one copy-on-write fault per function and execution. Run
+    here, the code objects are settled before any fork."""
+    import io
+    import linecache
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    receiver = Packets(_socket.socket(fileno=b.detach()))
+    head = json.dumps({
+        "code_len": 5, "timeout_s": 1.0, "cpu_s": 1, "memory_bytes": 1, "fsize": 1, "nofile": 1, "nproc": 1,
+        "session_memory_bytes": None,
+    }, separators=(",", ":")).encode()
+    saved = sys.modules["__main__"], sys.argv, sys.excepthook, sys.stderr
+    try:
+        for _ in range(REHEARSALS):
+            null = os.open(os.devnull, os.O_RDONLY)
+            try:
+                socket.send_fds(a, [head + b"\n" + b"pass\n"], [null, null])
+            finally:
+                os.close(null)
+            _req, fds, text = receiver.recv_request()
+            for fd in fds:
+                os.close(fd)
+            vm_size()
+            reset_process(env, environ=False)
+            mod = new_main_module(CODE_FILENAME)
+            run_cell(text, mod.__dict__, CODE_FILENAME)
+            sys.stderr = io.StringIO()
+            run_cell("1 / 0\n", mod.__dict__, CODE_FILENAME)
+            sys.stderr = saved[3]
+            flush_std()
+    finally:
+        sys.modules["__main__"], sys.argv, sys.excepthook, sys.stderr = saved
+        linecache.cache.pop(CODE_FILENAME, None)
+        a.close()
+        receiver.sock.close()
+
+
 def server_main(cfg):
     import gc
     import selectors
@@ -1119,6 +1169,7 @@ def server_main(cfg):
     global STREAMS_READY
     install_std_streams()  # after the imports and the warm-up, which may have written to the old ones
     STREAMS_READY = True
+    rehearse(cfg["env"])
     uid = int(cfg["uid"])
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -1127,7 +1178,6 @@ def server_main(cfg):
     signal.set_wakeup_fd(wake_w)
     gc.collect()
     gc.freeze()
-    sysc.libc.malloc_trim(0)  # freed heap pages (compiling, importing) out of every fork's page tables
     # Z, the fork helper: every U is forked from it, not from this process. The server's own
     # work between forks (channels, bookkeeping) would otherwise copy-on-write-fault every page it
     # touches after each fork; Z touches a few pages per fork, and its forks hold nothing of the
