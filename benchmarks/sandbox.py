@@ -261,18 +261,24 @@ def throughput_runs(total: int, concurrency: int) -> int:
 
 
 async def measure_throughput(kind: str, concurrency: int, total: int, pool_cap: int) -> Load:
-    """``total`` executions of trivial code by ``concurrency`` callers at once, after one
-    unmeasured warm-up execution, on a pool of at most ``pool_cap`` workers or containers."""
+    """``total`` executions of trivial code by ``concurrency`` callers at once, after
+    ``2 * concurrency`` unmeasured warm-up executions by as many callers (the steady state: a
+    pool member's first use, e.g. a warm worker's cgroup and first trees, is not measured), on a
+    pool of at most ``pool_cap`` workers or containers."""
     sb = await make(kind, min(concurrency, pool_cap))
     try:
-        await run_checked(sb, TRIVIAL, "1\n")
-        todo = iter(range(total))
         lat = Latency()
 
         async def caller() -> None:
             for _ in todo:
                 lat.samples.append(await run_checked(sb, TRIVIAL, "1\n"))
 
+        todo = iter(range(2 * concurrency))
+        async with anyio.create_task_group() as tg:
+            for _ in range(concurrency):
+                tg.start_soon(caller)
+        lat.samples.clear()
+        todo = iter(range(total))
         t0, cpu0 = time.perf_counter(), busy_cpu_s()
         async with anyio.create_task_group() as tg:
             for _ in range(concurrency):
@@ -425,8 +431,9 @@ def report(args: argparse.Namespace, lat: dict[tuple[str, str, float], Latency],
         for title, cell in (
             (f"Throughput of trivial code (executions/s) with that many callers at once; pools hold "
              f"at most {args.pool_cap} workers or containers; in brackets: × baseline. Every backend "
-             f"and the baseline run the same number of measured executions ({counts}), after one "
-             "unmeasured warm-up execution.", rate),
+             f"and the baseline run the same number of measured executions ({counts}), after twice "
+             "as many unmeasured warm-up executions as callers, by as many callers (every pool "
+             "member's first use is not measured).", rate),
             ("Latency of each of those executions (ms, p50 / p99), under that load: a caller "
              "waits for a free worker, and on 2 cores for the CPU the others use.", latency),
             ("CPU the whole machine spent per execution in those runs (ms; /proc/stat, every "
@@ -482,10 +489,10 @@ def report(args: argparse.Namespace, lat: dict[tuple[str, str, float], Latency],
         ]
     lines += [
         "Notes: the machine is shared (other jobs may run at nice 15 during the measurement; see "
-        "the load averages). The warm fork server forks each execution's process ahead of the "
-        "request, so its latency is the code's own run time plus a few system calls; its cost moves "
-        "to the background (the fork and, mostly, its copy-on-write page faults and teardown; "
-        "see the CPU table), which bounds its throughput on 2 cores. A one-shot tree's namespaces "
+        "the load averages). The warm fork server's fork helper forks each execution's process "
+        "ahead of the request, so its latency is the code's own run time plus a few system calls; "
+        "its cost moves to the background (the fork and, mostly, its copy-on-write page faults and "
+        "teardown; see the CPU table), which bounds its throughput on 2 cores. A one-shot tree's namespaces "
         "are reused by later executions once its init has reset it (everything killed, fresh "
         "/tmp, /dev/shm and IPC namespace): no namespaces or init to create and tear down per execution. "
         "`docker exec` pays runc's process start plus a fresh interpreter per execution.",
