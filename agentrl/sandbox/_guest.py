@@ -598,14 +598,23 @@ def run_one(chan, env, kill_strategy, environ=True):
     os._exit(status)
 
 
-def reap_all():
-    """Reap every child of this process that has exited (never blocks)."""
+def reaped():
+    """Reap every child of this process that has exited (never blocks): yields ``(pid, wait
+    status)`` of each."""
     while True:
         try:
-            if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                return
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
+        if pid == 0:
+            return
+        yield pid, status
+
+
+def reap_all():
+    """Reap every child of this process that has exited (never blocks)."""
+    for _ in reaped():
+        pass
 
 
 def kill_leftovers(strategy, wait_s=2.0):
@@ -980,13 +989,7 @@ def fork_helper(sysc, requests, notes, uid, env, setup_filter=None, lock_filter=
     z_fds = (requests.fileno(), note_fd)
 
     def on_child(*_):
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, status in reaped():
             os.write(note_fd, b"%d %d" % (pid, status))
 
     signal.signal(signal.SIGCHLD, on_child)
@@ -1283,13 +1286,7 @@ def server_main(cfg):
     def reap():
         """Reap this server's own children (the init factory, the fork helper): either gone
         means this worker is broken."""
-        while True:
-            try:
-                pid, _status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, _status in reaped():
             if pid in (fpid, zpid):
                 os._exit(3)
 
