@@ -438,7 +438,10 @@ def report(args: argparse.Namespace, lat: dict[tuple[str, str, float], Latency],
              "waits for a free worker, and on 2 cores for the CPU the others use.", latency),
             ("CPU the whole machine spent per execution in those runs (ms; /proc/stat, every "
              "process: the code, the sandbox's own processes, the kernel, this benchmark). On "
-             "shared cores this is what an execution takes from everything else (vLLM, the learner).", cpu),
+             "shared cores this is what an execution takes from everything else (vLLM, the learner). "
+             "Where the load keeps every core busy (here from c=4 on), busy time equals cores x wall "
+             "time, so this column is then cores / throughput, derived from the table above rather "
+             "than a separate measurement; only at c=1, with idle time left, does it measure cost.", cpu),
         ):
             lines += [
                 title,

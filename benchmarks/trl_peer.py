@@ -5,8 +5,10 @@ model writes Python in ``<code>...</code>``, the interpreter answers in ``<inter
 turns, reward 1 for the right ``\\boxed{}``), same machine, same samples (120 steps x 32 episodes =
 8 prompts x 4), same held-out measurement (agentrl's own evaluator, ``agentrl train ... mode="eval"``,
 on the same 128 problems at temperature 1.0, on checkpoints TRL saves every ``--save-every`` steps).
-agentrl's side is read from ``benchmarks/ppo_vs_grpo.py``'s GRPO run
-(``runs/bench_ppo_vs_grpo/grpo/metrics.jsonl``), which uses the same recipe and hyper-parameters.
+agentrl's side runs in the same invocation, right after TRL's (``agentrl train
+recipes/tiny_calc.toml`` from the same SFT checkpoint, ``--steps`` learner steps, evaluated every
+``--save-every`` steps), so that both sides see the same machine and load; ``--agentrl-run DIR``
+reads an existing run instead (the block then says so).
 
 The TRL setup, and what differs from agentrl's
 -----------------------------------------------
@@ -76,10 +78,10 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _measure import emit, eval_curve, run_header
+from ppo_vs_grpo import train as agentrl_train
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = "recipes/tiny_calc.toml"
-AGENTRL_RUN = "runs/bench_ppo_vs_grpo/grpo"
 SAMPLES_PER_STEP = 32
 
 
@@ -332,7 +334,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=120, help="TRL optimiser steps (32 episodes each)")
     ap.add_argument("--save-every", type=int, default=20, help="checkpoint (and evaluate) every this many steps")
     ap.add_argument("--sft", default="runs/tiny_calc/sft", help="the SFT checkpoint both sides start from")
-    ap.add_argument("--agentrl-run", default=AGENTRL_RUN, help="agentrl's GRPO run with the same recipe (ppo_vs_grpo.py)")
+    ap.add_argument("--agentrl-run", default=None,
+                    help="read agentrl's side from this existing run (same recipe) instead of running it now")
     ap.add_argument("--threshold", type=float, default=0.6, help="held-out accuracy for 'wall-clock to the same accuracy'")
     ap.add_argument("--out", default="runs/bench_trl_peer")
     ap.add_argument("--no-eval", action="store_true", help="train only (smoke test)")
@@ -355,6 +358,17 @@ def main() -> None:
     if args.no_eval:
         return
 
+    agentrl = None
+    if args.agentrl_run:
+        run_dir = ROOT / args.agentrl_run
+        same_run = f"agentrl's side read from an earlier run, `{args.agentrl_run}`, not measured in this invocation"
+    else:
+        run_dir = out / "agentrl"
+        if not (args.reuse and (run_dir / "metrics.jsonl").is_file()):
+            print("agentrl: the same task from the same SFT checkpoint, now", flush=True)
+            agentrl_train(RECIPE, run_dir, [f'model.path="{args.sft}"', "sft.steps=0", f"learner.max_steps={args.steps}",
+                                            f"eval.every_steps={args.save_every}"])
+        same_run = "agentrl's side run in this invocation, right after TRL's"
     trl = []
     for c in clock:
         rec = evaluate(c["path"], out / f"eval-{c['step']}")
@@ -370,12 +384,10 @@ def main() -> None:
              f"agentrl's evaluator on the same 128 problems at temperature 1.0 (one seed: +-4 points is noise). TRL "
              f"{__import__('trl').__version__}: `GRPOTrainer` with HF `generate` on the CPU and a `rollout_func` that runs agentrl's "
              f"Calc-v0 environment between turns (the script's docstring lists every difference). Seconds: training only "
-             f"(no start-up, no evaluation)."), "",
+             f"(no start-up, no evaluation). {same_run}."), "",
              "| trainer | step | training s | held-out accuracy |", "| --- | --- | --- | --- |"]
     for p in trl:
         lines.append(f"| TRL GRPOTrainer | {p['step']} | {p['train_s']:.0f} | {p['accuracy']:.3f} |")
-    agentrl = None
-    run_dir = ROOT / args.agentrl_run
     if (run_dir / "metrics.jsonl").is_file():
         agentrl, a_s, a_steps = agentrl_curve(run_dir)
         for p in agentrl:
