@@ -13,6 +13,10 @@ from typing import Any
 def chromium(width: int = 1280, height: int = 1600) -> Iterator[Any]:
     """A headless Chromium WebDriver that records the browser console (``get_log("browser")``)."""
     from selenium import webdriver
+
+    from tests.conftest import require_mark
+
+    require_mark("browser", "opens headless Chromium")
     from selenium.webdriver.chrome.service import Service
 
     binary, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
