@@ -61,8 +61,9 @@ sys.path.insert(0, str(REPO))
 from _measure import PeakRSS, run_header, emit  # noqa: E402
 
 from agentrl.algos import ObjectiveSettings, policy_loss  # noqa: E402
-from agentrl.engine import learner as learner_mod  # noqa: E402
-from agentrl.engine.learner import Learner, plan_microbatches, token_logprobs  # noqa: E402
+from agentrl.engine import fsdp_rank as planner_mod  # noqa: E402  (the module whose planner a rank calls)
+from agentrl.engine.learner import Learner, token_logprobs  # noqa: E402
+from agentrl.engine.microbatch import plan_microbatches  # noqa: E402
 
 
 def make_batch(n: int, max_len: int, vocab: int, seed: int) -> list[dict[str, Any]]:
@@ -215,7 +216,7 @@ def main() -> None:
             ln.setup()
             return ln
 
-        real_plan = learner_mod.plan_microbatches
+        real_plan = planner_mod.plan_microbatches
         planners: dict[str, Planner] = {
             "learner": real_plan,
             "plain": real_plan,  # the plain loop runs the learner's micro-batches
@@ -239,7 +240,7 @@ def main() -> None:
                         loop = PlainLoop(model, 1e-5, args.budget)
                         step = loop.step
                     else:
-                        learner_mod.plan_microbatches = planners[name]
+                        planner_mod.plan_microbatches = planners[name]
                         step = learner.train_step
                     step(batch)  # warm-up
                     for _ in range(args.steps):
@@ -249,14 +250,14 @@ def main() -> None:
                         times[name].append(time.perf_counter() - t0)
                         cpu[name].append(time.process_time() - c0)
                         peak[name].append(mem.rise)
-                    learner_mod.plan_microbatches = real_plan
+                    planner_mod.plan_microbatches = real_plan
                     if name == "plain":
                         del loop, step  # its model and AdamW state leave before the next configuration
                 rep_t = {k: statistics.median(v[-args.steps:]) for k, v in times.items()}
                 per_repeat.append(rep_t)
                 print(f"repeat {rep + 1}/{args.repeats}: " + ", ".join(f"{k} {tokens / t:,.0f} tok/s" for k, t in rep_t.items()), flush=True)
         finally:
-            learner_mod.plan_microbatches = real_plan
+            planner_mod.plan_microbatches = real_plan
             learner.shutdown()
 
     med = {k: statistics.median(v) for k, v in times.items()}

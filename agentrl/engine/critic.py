@@ -22,19 +22,16 @@ critic gave before this batch's first update).
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from agentrl.algos.value_loss import clipped_value_loss
-from agentrl.engine.devices import gather_rows, join_process_group
-from agentrl.engine.learner import plan_microbatches
+from agentrl.engine.fsdp_rank import FsdpRank
 from agentrl.engine.padded import PaddedBatch
-from agentrl.errors import LearnerError
+from agentrl.errors import ConfigError, LearnerError
 
 __all__ = ["Critic", "ValueModel"]
 
@@ -71,8 +68,9 @@ class _ValueBatch(PaddedBatch):
         self.old_values = self.per_target(lambda r: r["values"] if with_targets else None)
 
 
-class Critic:
-    """One critic rank. Call ``setup()`` on every rank before anything else.
+class Critic(FsdpRank):
+    """One critic rank: an :class:`~agentrl.engine.fsdp_rank.FsdpRank` that trains the value
+    model. Call ``setup()`` on every rank before anything else.
 
     ``model``: the folder or hub id whose trunk becomes the value model; ``lr``, ``betas``,
     ``weight_decay``, ``grad_clip``: AdamW and gradient clipping of the critic; ``value_clip``:
@@ -81,6 +79,8 @@ class Critic:
     ``micro_batch_tokens``: padded tokens per forward pass; ``timeout_s``: the process group's
     collective timeout.
     """
+
+    role = "critic"
 
     def __init__(
         self,
@@ -101,61 +101,42 @@ class Critic:
         timeout_s: float = 900.0,
         seed: int = 0,
     ) -> None:
-        if updates_per_batch < 1 or micro_batch_tokens < 1:
-            raise LearnerError("critic: updates_per_batch and micro_batch_tokens must be >= 1")
         if value_clip is not None and value_clip <= 0:
-            raise LearnerError(f"critic: value_clip must be > 0 or None, got {value_clip}")
-        self.rank, self.world_size = rank, world_size
-        self.master_addr, self.master_port = master_addr, master_port
-        self.model_name = model
-        self.lr, self.betas, self.weight_decay, self.grad_clip = lr, betas, weight_decay, grad_clip
+            raise ConfigError(f"critic: value_clip must be > 0 or None, got {value_clip}")
+        super().__init__(
+            rank=rank, world_size=world_size, master_addr=master_addr, master_port=master_port, model=model,
+            lr=lr, betas=betas, weight_decay=weight_decay, grad_clip=grad_clip, updates_per_batch=updates_per_batch,
+            micro_batch_tokens=micro_batch_tokens, torch_threads=torch_threads, timeout_s=timeout_s, seed=seed,
+        )
         self.value_clip = value_clip
-        self.updates_per_batch, self.micro_batch_tokens = updates_per_batch, micro_batch_tokens
-        self.torch_threads, self.timeout_s, self.seed = torch_threads, timeout_s, seed
         self.model: ValueModel | Any = None
-        self.step = 0
-        """Completed ``train_step`` calls."""
 
     def setup(self) -> dict[str, Any]:
         """Join the critic's process group, build and shard the value model, build AdamW."""
-        from torch.distributed.fsdp import fully_shard
-
         from agentrl.models.loading import load_causal_lm
 
-        torch.manual_seed(self.seed)
-        if not torch.cuda.is_available():
-            torch.set_num_threads(self.torch_threads)
-        backend, self.device = join_process_group(
-            self.rank, self.world_size, self.master_addr, self.master_port, self.timeout_s, "critic"
-        )
-        try:
+        backend = self.join_group()
+        with self.leave_group_on_failure():
             lm = load_causal_lm(self.model_name, dtype=torch.float32)
             model = ValueModel(lm)
             del lm  # the output projection is not needed
             model.to(self.device)
             model.config.use_cache = False
-            if self.world_size > 1:
-                for layer in [m for m in model.trunk.modules() if type(m).__name__.endswith("DecoderLayer")]:
-                    fully_shard(layer)
-            fully_shard(model)
-        except BaseException:
-            dist.destroy_process_group()
-            raise
+            self.shard(model, model.trunk)
         self.model = model
         self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=self.lr, betas=self.betas, weight_decay=self.weight_decay
-        )
-        return {
-            "rank": self.rank,
-            "backend": backend,
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "pid": os.getpid(),
-        }
+        self.build_optimizer()
+        return {**self.identity(), "backend": backend, "parameters": sum(p.numel() for p in model.parameters())}
 
-    def _require_setup(self) -> None:
-        if self.model is None:
-            raise LearnerError("critic not set up (call setup() on every rank first)")
+    # ------------------------------------------------------------------ FsdpRank's hooks
+    def trained_module(self) -> Any:
+        return self.model
+
+    def make_batch(self, rows: list[dict[str, Any]], with_targets: bool) -> _ValueBatch:
+        return _ValueBatch(rows, self.pad_id, self.device, with_targets)
+
+    def stand_in_row(self) -> dict[str, Any]:
+        return {"tokens": [self.pad_id] * 2, "loss_mask": [0, 1], "returns": [0.0, 0.0], "values": [0.0, 0.0]}
 
     def _check(self, samples: list[dict[str, Any]], with_targets: bool) -> None:
         keys = ("tokens", "loss_mask", "returns", "values") if with_targets else ("tokens", "loss_mask")
@@ -170,70 +151,42 @@ class Critic:
             if n < 2:
                 raise LearnerError(f"critic sample {i} has {n} token(s); need at least 2")
 
-    def _micro(self, rows: list[dict[str, Any]], with_targets: bool) -> tuple[_ValueBatch, bool]:
-        """The micro-batch of ``rows``, or a two-token stand-in with zero weight for a rank with
-        nothing to do this round (FSDP collectives must match across ranks)."""
-        if rows:
-            return _ValueBatch(rows, self.pad_id, self.device, with_targets), True
-        dummy = {"tokens": [self.pad_id] * 2, "loss_mask": [0, 1], "returns": [0.0, 0.0], "values": [0.0, 0.0]}
-        return _ValueBatch([dummy], self.pad_id, self.device, with_targets), False
-
-    @torch.no_grad()
     def values(self, samples: list[dict[str, Any]]) -> list[list[float]]:
         """The value of every position whose ``loss_mask`` is 1 (0.0 elsewhere), laid out like
         ``tokens``: entry ``t`` is ``V(tokens[:t])``, the state before token ``t``. Collective;
         every rank returns the whole list."""
-        self._require_setup()
+        self.require_setup()
         self._check(samples, with_targets=False)
-        self.model.eval()
-        plan = plan_microbatches([len(s["tokens"]) for s in samples], self.micro_batch_tokens, self.world_size)
-        mine: dict[int, list[float]] = {}
-        for micro in plan[self.rank :: self.world_size]:
-            batch, real = self._micro([samples[i] for i in micro], False)
-            v = batch.pad(self.model(batch.ids, batch.attn, batch.select)).cpu()
-            if not real:
-                continue
-            for b, i in enumerate(micro):
-                n = len(samples[i]["tokens"])
-                mine[i] = [0.0] + v[b, : n - 1].tolist()
-        mine = gather_rows(mine, self.world_size)
-        return [mine[i] for i in range(len(samples))]
+        return self.per_row(samples, lambda batch: batch.pad(self.model(batch.ids, batch.attn, batch.select)))
 
     def train_step(self, samples: list[dict[str, Any]]) -> dict[str, float]:
         """``updates_per_batch`` AdamW updates of the clipped value loss on ``samples`` (every rank
         receives the same list). Returns, summed across ranks: ``value_loss`` (mean over the
         mini-batches), ``value_clip_fraction`` (action tokens where the clipped term bound),
         ``value_mse`` (mean squared error to the returns before the update, over action
-        tokens), ``value_tokens``, ``value_grad_norm`` (last update), ``critic_s``."""
-        self._require_setup()
+        tokens), ``value_tokens``, ``value_grad_norm`` (last update), ``value_skipped_updates``
+        (non-finite gradient norm), ``critic_s``."""
+        self.require_setup()
         self._check(samples, with_targets=True)
         t0 = time.monotonic()
         self.model.train()
         acc = torch.zeros(4, dtype=torch.float64)  # loss, tokens, clipped, squared error
-        k = max(1, min(self.updates_per_batch, len(samples)))
-        bounds = [round(i * len(samples) / k) for i in range(k + 1)]
-        grad_norm = 0.0
-        for u in range(k if samples else 0):
-            rows = samples[bounds[u] : bounds[u + 1]]
+        minibatches = [[samples[i] for i in mb] for mb in self.minibatches(len(samples))]
+        grad_norm, skipped = 0.0, 0
+        for rows in minibatches:
             num_tokens = float(sum(sum(1 for m in s["loss_mask"][1:] if m) for s in rows))
-            plan = plan_microbatches([len(s["tokens"]) for s in rows], self.micro_batch_tokens, self.world_size)
-            for micro in plan[self.rank :: self.world_size]:
-                batch, real = self._micro([rows[i] for i in micro], True)
+            for _, batch, real in self.my_share(rows, self.plan(rows), True):
                 v = batch.pad(self.model(batch.ids, batch.attn, batch.select))
                 mask = batch.select.float()
                 loss, stats = clipped_value_loss(v, batch.old_values, batch.returns, mask, self.value_clip, num_tokens)
                 (loss * (self.world_size if real else 0.0)).backward()
                 if real:
                     acc += torch.stack([
-                        loss.detach().double() / k, stats["tokens"].double(), stats["clipped"].double(), stats["sq_error"].double()
+                        loss.detach().double() / len(minibatches), stats["tokens"].double(), stats["clipped"].double(),
+                        stats["sq_error"].double(),
                     ]).cpu()
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-            if hasattr(norm, "full_tensor"):
-                norm = norm.full_tensor()
-            grad_norm = float(norm)
-            if torch.isfinite(torch.tensor(grad_norm)):
-                self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            grad_norm, finite = self.optimizer_update()
+            skipped += int(not finite)
         self.step += 1
         if self.world_size > 1:
             dist.all_reduce(acc)
@@ -244,41 +197,18 @@ class Critic:
             "value_mse": acc[3].item() / tokens,
             "value_tokens": acc[1].item(),
             "value_grad_norm": grad_norm,
+            "value_skipped_updates": float(skipped),
             "critic_s": time.monotonic() - t0,
         }
 
     def save_checkpoint(self, out_dir: str) -> str:
         """Save the value model and AdamW state (collective) into ``out_dir``, atomically:
-        ``torch.distributed.checkpoint`` files plus ``trainer_state.json`` (step)."""
-        from agentrl.engine.checkpoint import collective_folder, save_sharded_state, write_trainer_state
-
-        self._require_setup()
-        final = Path(out_dir)
-        try:
-            with collective_folder(final, self.rank) as tmp:
-                has_optim = save_sharded_state(self.model, self.optimizer, tmp)
-                if self.rank == 0:
-                    write_trainer_state(tmp, {"step": self.step, "has_optimizer_state": has_optim,
-                                              "world_size": self.world_size, "model": self.model_name, "kind": "critic"})
-        except Exception as exc:
-            raise LearnerError(f"critic rank {self.rank}: saving the checkpoint {final} failed: {exc}") from exc
-        return str(final)
+        ``torch.distributed.checkpoint`` files, each rank's RNG state and
+        ``trainer_state.json`` (step, ``kind = "critic"``)."""
+        self.require_setup()
+        return self.save_state(out_dir, self.model, {"kind": "critic"})
 
     def load_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
         """Restore what :meth:`save_checkpoint` wrote (collective, possibly another rank count)."""
-        from agentrl.engine.checkpoint import load_sharded_state, read_trainer_state
-
-        self._require_setup()
-        folder = Path(checkpoint_dir)
-        state = read_trainer_state(folder)
-        try:
-            load_sharded_state(self.model, self.optimizer, folder, bool(state["has_optimizer_state"]))
-        except Exception as exc:
-            raise LearnerError(f"critic rank {self.rank}: loading the checkpoint {folder} failed: {exc}") from exc
-        self.step = int(state["step"])
-        return state
-
-    def shutdown(self) -> None:
-        """Leave the process group."""
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        self.require_setup()
+        return self.load_state(checkpoint_dir, self.model)

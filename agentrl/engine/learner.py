@@ -19,7 +19,7 @@ One :meth:`Learner.train_step` per batch (one published weight version):
 
 1. the batch is split into ``updates_per_batch`` mini-batches (one optimizer step each);
 2. each mini-batch is planned into micro-batches of at most ``micro_batch_tokens`` padded
-   tokens (:func:`plan_microbatches`, sorted by length so padding stays small); every rank
+   tokens (:func:`~agentrl.engine.microbatch.plan_microbatches`, sorted by length so padding stays small); every rank
    computes the same plan and runs its share;
 3. when asked (or needed: more than one update), the proximal log-probs are recomputed for the
    whole batch first, without gradient (decoupled PPO, see :mod:`agentrl.algos.objective`);
@@ -34,91 +34,26 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from agentrl.algos import STAT_KEYS, ObjectiveSettings, policy_loss
 from agentrl.engine.audit import AuditLog, prompt_sha1
-from agentrl.engine.devices import gather_rows, join_process_group
-from agentrl.engine.lora import (
-    LoraSettings,
-    adapter_tensors,
-    apply_lora,
-    is_adapter_key,
-    merge_lora,
-    write_adapter_folder,
-)
+from agentrl.engine.fsdp_rank import FsdpRank
+from agentrl.engine.lora import LoraSettings, apply_lora
 from agentrl.engine.padded import PaddedBatch
 from agentrl.engine.placement import current_node_id
 from agentrl.engine.run_dir import version_folder
+from agentrl.engine.weight_export import WeightSender, full_state_dict, write_export
 from agentrl.errors import ConfigError, LearnerError
-from agentrl.models.hf_folder import write_hf_folder
 
-__all__ = ["Learner", "lr_multiplier", "plan_microbatches", "token_logprobs", "write_hf_folder"]
+__all__ = ["Learner", "lr_multiplier", "token_logprobs"]
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
-
-
-def plan_microbatches(
-    lengths: list[int], token_budget: int, world_size: int, *, overhead_tokens: int | None = None
-) -> list[list[int]]:
-    """Group sample indices into micro-batches of at most ``token_budget`` padded tokens.
-
-    A micro-batch pads its samples to its longest one, so it costs ``longest * count`` token
-    slots; each micro-batch also has a fixed cost (kernel launches, FSDP's parameter
-    all-gathers), counted as ``overhead_tokens`` slots (default ``token_budget // 64``). With the
-    samples sorted by length (longest first), the partition into contiguous runs that minimises
-    ``sum(longest * count) + overhead_tokens * micro_batches`` under the budget is found by
-    dynamic programming: few micro-batches *and* little padding (a greedy fill pads more for
-    the same count). A sample longer than the budget gets a micro-batch of its own.
-
-    When the number of micro-batches is not a multiple of ``world_size`` (every rank must run
-    the same number of forward/backward passes: FSDP collectives must match), the costliest
-    multi-sample micro-batches are split in two; only if that is impossible are empty
-    micro-batches added. The plan is ordered by cost, descending. Every rank computes the same
-    plan; rank ``r`` runs micro-batches ``r, r + world_size, ...``.
-    """
-    if token_budget <= 0 or world_size <= 0:
-        raise ValueError(f"token_budget ({token_budget}) and world_size ({world_size}) must be positive")
-    overhead = token_budget // 64 if overhead_tokens is None else overhead_tokens
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    sorted_len = np.array([lengths[i] for i in order], dtype=np.float64)
-    n = len(order)
-    best = np.zeros(n + 1)  # best[j]: cheapest plan of the j longest samples
-    cut = np.zeros(n + 1, dtype=np.int64)
-    lo = 0  # smallest start i such that samples i..j-1 fit the budget; never moves left as j grows
-    for j in range(1, n + 1):
-        while lo < j - 1 and sorted_len[lo] * (j - lo) > token_budget:
-            lo += 1
-        starts = np.arange(lo, j)  # last micro-batch = sorted samples i..j-1, longest sorted_len[i]
-        costs = best[lo:j] + sorted_len[lo:j] * (j - starts) + overhead
-        k = int(np.argmin(costs))
-        best[j], cut[j] = costs[k], lo + k
-    plan: list[list[int]] = []
-    j = n
-    while j > 0:
-        plan.append(order[int(cut[j]) : j])
-        j = int(cut[j])
-
-    def cost(mb: list[int]) -> int:
-        return max((lengths[i] for i in mb), default=0) * len(mb)
-
-    while len(plan) % world_size:
-        splittable = [k for k, mb in enumerate(plan) if len(mb) > 1]
-        if not splittable:
-            break
-        mb = plan.pop(max(splittable, key=lambda k: cost(plan[k])))
-        plan += [mb[: len(mb) // 2], mb[len(mb) // 2 :]]
-    plan.sort(key=lambda mb: -cost(mb))
-    while len(plan) % world_size:
-        plan.append([])
-    return plan
 
 
 def lr_multiplier(
@@ -162,14 +97,6 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return chosen - torch.logsumexp(logits, dim=-1)
 
 
-def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    inner = getattr(model, "model", None)
-    layers = getattr(inner, "layers", None)
-    if layers is not None:
-        return list(layers)
-    return [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
-
-
 class _Batch(PaddedBatch):
     """One padded RL (or SFT) micro-batch: :class:`PaddedBatch` plus the behaviour log-probs, the
     weight versions and the advantages of each target (a sample's scalar ``advantage`` on every
@@ -201,13 +128,16 @@ class _AdapterOff:
         return None
 
 
-class Learner:
-    """One learner rank. Call ``setup()`` on every rank before anything else.
+class Learner(FsdpRank):
+    """One learner rank: an :class:`~agentrl.engine.fsdp_rank.FsdpRank` that trains the policy.
+    Call ``setup()`` on every rank before anything else.
 
     Every method that touches the model is a collective: call it on every rank with the same
     arguments. Constructor arguments are plain values (the controller maps the recipe's
     ``learner`` and ``algo`` sections onto them).
     """
+
+    role = "learner"
 
     def __init__(
         self,
@@ -271,33 +201,26 @@ class Learner:
             raise ConfigError(f"learner: temperature must be positive (the rollout's sampling temperature), got {temperature}")
         if updates_per_batch < 1 or micro_batch_tokens < 1 or logprob_chunk_tokens < 1:
             raise ConfigError("learner: updates_per_batch, micro_batch_tokens and logprob_chunk_tokens must be >= 1")
-        self.rank, self.world_size = rank, world_size
-        self.master_addr, self.master_port = master_addr, master_port
-        self.model_name = model
+        super().__init__(
+            rank=rank, world_size=world_size, master_addr=master_addr, master_port=master_port, model=model,
+            lr=lr, betas=betas, weight_decay=weight_decay, adam_eps=adam_eps, grad_clip=grad_clip,
+            updates_per_batch=updates_per_batch, micro_batch_tokens=micro_batch_tokens,
+            torch_threads=torch_threads, timeout_s=timeout_s, seed=seed,
+        )
         self.dtype = getattr(torch, dtype)
-        self.lr, self.betas, self.weight_decay, self.adam_eps = lr, betas, weight_decay, adam_eps
-        self.grad_clip = grad_clip
         self.schedule = functools.partial(
             lr_multiplier, warmup_steps=warmup_steps, total_steps=total_steps, schedule=lr_schedule, min_lr_ratio=min_lr_ratio
         )
-        self.micro_batch_tokens, self.chunk_tokens = micro_batch_tokens, logprob_chunk_tokens
+        self.chunk_tokens = logprob_chunk_tokens
         self.activation_checkpointing, self.compute_entropy = activation_checkpointing, compute_entropy
         self.objective = objective if objective is not None else ObjectiveSettings(clip_low=clip_low, clip_high=clip_high)
-        self.updates_per_batch = updates_per_batch
         self.recompute_proximal = proximal == "recompute" or (proximal == "auto" and updates_per_batch > 1)
         self.reference_name = reference_model or model
         self.tokenizer_name = tokenizer or model
-        self.torch_threads, self.timeout_s, self.seed = torch_threads, timeout_s, seed
         self.audit = AuditLog(audit_path, fsync=True) if audit_path and rank == 0 else None
-        self._transfer: Any = None
-        """The weight-transfer engine (vLLM's trainer side) once connected; None otherwise."""
-        self._transfer_client: Any = None
-        self._transfer_timeout_s = 0.0
+        self.sender: WeightSender | None = None
+        """This rank's side of the weight-transfer group, once connected."""
         self.temperature = temperature
-        self.step = 0
-        """Completed ``train_step``/``sft_step`` calls: the weight version this rank holds."""
-        self.updates = 0
-        """Completed optimizer updates."""
         self.policy: Any = None
         self.reference: Any = None
         self.lora = LoraSettings(**lora) if lora else None
@@ -308,18 +231,13 @@ class Learner:
     def setup(self) -> dict[str, Any]:
         """Join the process group, load and shard the model (and the reference model when the
         objective has a KL term), build AdamW and the LR schedule."""
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy
 
         from agentrl.engine.logprobs import PolicyModel
         from agentrl.models.loading import load_causal_lm
 
-        torch.manual_seed(self.seed)
         on_gpu = torch.cuda.is_available()
-        if not on_gpu:
-            torch.set_num_threads(self.torch_threads)
-        backend, self.device = join_process_group(
-            self.rank, self.world_size, self.master_addr, self.master_port, self.timeout_s, "learner"
-        )
+        backend = self.join_group()
         # bfloat16 on GPU: mixed precision. float16 would need loss scaling; it trains in float32.
         mixed = on_gpu and self.dtype == torch.bfloat16
         mp = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32) if mixed else MixedPrecisionPolicy()
@@ -341,18 +259,11 @@ class Learner:
                 lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if not trainable:
                 policy.requires_grad_(False)
-            policy_mp = mp if trainable else MixedPrecisionPolicy()
-            if self.world_size > 1:  # one rank has nothing to shard: per-layer units would only add hooks and copies
-                for layer in _decoder_layers(lm):
-                    fully_shard(layer, mp_policy=policy_mp)
-            fully_shard(policy, mp_policy=policy_mp)
+            self.shard(policy, lm, mp_policy=mp if trainable else MixedPrecisionPolicy())
             return policy
 
-        try:
+        with self.leave_group_on_failure():  # a model or adapter that cannot be built
             self.policy = build(self.model_name, torch.float32, True)  # float32 master weights
-        except BaseException:  # a model or adapter that cannot be built: leave no process group behind
-            dist.destroy_process_group()
-            raise
         if self.objective.kl_coef > 0 and self.peft is not None:
             self.reference = _AdapterOff(self.policy, self.peft)  # the base model: the same weights, adapter off
         elif self.objective.kl_coef > 0:
@@ -364,18 +275,14 @@ class Learner:
         published version, checkpoint and export."""
         self.vocab_size = int(self.config.vocab_size)
         self.pad_id = int(getattr(self.config, "pad_token_id", None) or 0)
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.policy.parameters() if p.requires_grad], lr=self.lr, betas=self.betas, eps=self.adam_eps, weight_decay=self.weight_decay
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
+        self.build_optimizer(self.schedule)
         n_params = sum(p.numel() for p in self.policy.parameters())
         return {
-            "rank": self.rank,
+            **self.identity(),
             "backend": backend,
             "parameters": n_params,
             "trainable_parameters": sum(p.numel() for p in self.policy.parameters() if p.requires_grad),
             "lora": self.lora.as_dict() if self.lora is not None else None,
-            "pid": os.getpid(),
             "node_id": current_node_id(),
             "rendezvous": f"{self.master_addr}:{self.master_port}",
             "mixed_precision": str(self.dtype) if mixed else "off",
@@ -383,11 +290,17 @@ class Learner:
             "objective": self.objective.as_dict(),
         }
 
-    # ------------------------------------------------------------------ helpers
-    def _require_setup(self) -> None:
-        if self.policy is None:
-            raise LearnerError("learner not set up (call setup() on every rank first)")
+    # ------------------------------------------------------------------ FsdpRank's hooks
+    def trained_module(self) -> Any:
+        return self.policy
 
+    def make_batch(self, rows: list[dict[str, Any]], with_targets: bool) -> _Batch:
+        return _Batch(rows, self.pad_id, self.device, with_targets)
+
+    def stand_in_row(self) -> dict[str, Any]:
+        return {"tokens": [self.pad_id] * 2, "loss_mask": [0, 1], "behaviour_logprobs": [0.0, 0.0], "advantage": 0.0}
+
+    # ------------------------------------------------------------------ helpers
     def _check_samples(self, samples: list[dict[str, Any]], rl: bool) -> None:
         keys = ("tokens", "loss_mask", "behaviour_logprobs") if rl else ("tokens", "loss_mask")
         for i, s in enumerate(samples):
@@ -412,35 +325,6 @@ class Learner:
         """Flat log-probs (and entropies) of the selected positions of ``batch``."""
         return model(batch.ids, batch.attn, batch.select, self.chunk_tokens, with_entropy)
 
-    def _micro(self, rows: list[dict[str, Any]], rl: bool) -> tuple[_Batch, bool]:
-        """The padded micro-batch of ``rows``; for a rank with no rows in this round, a stand-in
-        of one two-token sequence (``real`` is False) that runs the very same forward/backward
-        path with zero weight, because FSDP collectives must match across ranks."""
-        if rows:
-            return _Batch(rows, self.pad_id, self.device, rl), True
-        dummy = {"tokens": [self.pad_id] * 2, "loss_mask": [0, 1], "behaviour_logprobs": [0.0, 0.0], "advantage": 0.0}
-        return _Batch([dummy], self.pad_id, self.device, rl), False
-
-    def _minibatches(self, n: int) -> list[list[int]]:
-        """Split sample indices ``0..n-1`` into ``updates_per_batch`` contiguous, near-equal parts."""
-        k = max(1, min(self.updates_per_batch, n))
-        bounds = [round(i * n / k) for i in range(k + 1)]
-        return [list(range(bounds[i], bounds[i + 1])) for i in range(k)]
-
-    def _optimizer_update(self) -> tuple[float, bool]:
-        """Clip, step AdamW and the schedule; a non-finite gradient norm skips the update."""
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.grad_clip)
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
-        norm = float(grad_norm)
-        finite = math.isfinite(norm)
-        if finite:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        self.updates += 1
-        return norm, finite
-
     # ------------------------------------------------------------------ training
     def train_step(self, samples: list[dict[str, Any]]) -> dict[str, float]:
         """One batch of RL training (every rank receives the same list): ``updates_per_batch``
@@ -457,7 +341,7 @@ class Learner:
         all slots of the micro-batches), ``grad_norm`` (of the last update), ``skipped_updates``
         (non-finite gradient norm), ``lr``, ``step``, ``updates``, ``train_s``.
         """
-        self._require_setup()
+        self.require_setup()
         self._check_samples(samples, rl=True)
         t0 = time.monotonic()
         version = self.step
@@ -465,28 +349,22 @@ class Learner:
         acc = torch.zeros(len(names), dtype=torch.float64)
         at = {k: i for i, k in enumerate(names)}
         grad_norm, skipped = 0.0, 0
-        minibatches = self._minibatches(len(samples)) if samples else []
-        plans = [
-            plan_microbatches([len(samples[i]["tokens"]) for i in mb], self.micro_batch_tokens, self.world_size)
-            for mb in minibatches
-        ]
+        minibatches = [[samples[i] for i in mb] for mb in self.minibatches(len(samples))]
+        plans = [self.plan(rows) for rows in minibatches]
         proximal: dict[tuple[int, int], torch.Tensor] = {}
         if self.recompute_proximal and samples:
             self.policy.eval()
             with torch.no_grad():
-                for u, (mb_idx, plan) in enumerate(zip(minibatches, plans)):
-                    for k, micro in enumerate(plan[self.rank :: self.world_size]):
-                        batch, real = self._micro([samples[mb_idx[i]] for i in micro], True)
+                for u, (rows_of, plan) in enumerate(zip(minibatches, plans)):
+                    for k, (_, batch, real) in enumerate(self.my_share(rows_of, plan, True)):
                         lp = batch.pad(self._forward(self.policy, batch)[0])
                         if real:
                             proximal[(u, k)] = lp
         self.policy.train()
-        for u, (mb_idx, plan) in enumerate(zip(minibatches, plans)):
-            rows_of = [samples[i] for i in mb_idx]
+        for u, (rows_of, plan) in enumerate(zip(minibatches, plans)):
             num_tokens = float(sum(sum(1 for m in s["loss_mask"][1:] if m) for s in rows_of))
             num_seqs = float(sum(1 for s in rows_of if any(s["loss_mask"][1:])))
-            for k, micro in enumerate(plan[self.rank :: self.world_size]):
-                batch, real = self._micro([rows_of[i] for i in micro], True)
+            for k, (_, batch, real) in enumerate(self.my_share(rows_of, plan, True)):
                 lp_flat, ent_flat = self._forward(self.policy, batch, with_entropy=self.compute_entropy)
                 lp = batch.pad(lp_flat)
                 ref = None
@@ -515,7 +393,7 @@ class Learner:
                 acc[at["loss"] : at["real"]] += extra
                 acc[at["real"]] += batch.real_tokens
                 acc[at["slots"]] += batch.slots
-            grad_norm, finite = self._optimizer_update()
+            grad_norm, finite = self.optimizer_update()
             skipped += int(not finite)
         self.step += 1
         if self.audit is not None:
@@ -557,7 +435,7 @@ class Learner:
         """Advance the version without touching the weights (a critic's warm-up step: the same
         weights are published under the next version). Collective only in name: no
         communication. Returns the metrics of :meth:`train_step` that still mean something."""
-        self._require_setup()
+        self.require_setup()
         self.step += 1
         return {"trained_tokens": 0.0, "updates": float(self.updates), "lr": self.scheduler.get_last_lr()[0],
                 "step": float(self.step), "train_s": 0.0, "policy_held": 1.0}
@@ -566,16 +444,14 @@ class Learner:
         """One supervised optimizer step: mean negative log-likelihood of the tokens whose
         ``loss_mask`` is 1 (assistant tokens), over the whole batch. ``samples`` need only
         ``tokens`` and ``loss_mask``. Returns metrics summed across ranks."""
-        self._require_setup()
+        self.require_setup()
         self._check_samples(samples, rl=False)
         t0 = time.monotonic()
         self.policy.train()
         total_tokens = sum(sum(1 for m in s["loss_mask"][1:] if m) for s in samples)
         scale = self.world_size / max(1, total_tokens)
-        plan = plan_microbatches([len(s["tokens"]) for s in samples], self.micro_batch_tokens, self.world_size)
         acc = torch.zeros(5, dtype=torch.float64)  # nll sum, tokens, p > 1/2 tokens, real tokens, slots
-        for micro in plan[self.rank :: self.world_size]:
-            batch, real = self._micro([samples[i] for i in micro], False)
+        for _, batch, real in self.my_share(samples, self.plan(samples), False):
             lp, _ = self._forward(self.policy, batch)
             nll = -lp.sum()
             (nll * (scale if real else 0.0)).backward()
@@ -585,7 +461,7 @@ class Learner:
                 [nll.item(), lp.numel(), (lp.detach() > -0.6931).sum().item(), batch.real_tokens, batch.slots],
                 dtype=torch.float64,
             )
-        grad_norm, _ = self._optimizer_update()
+        grad_norm, _ = self.optimizer_update()
         self.step += 1
         if self.world_size > 1:
             dist.all_reduce(acc)
@@ -600,68 +476,20 @@ class Learner:
             "train_s": time.monotonic() - t0,
         }
 
-    @torch.no_grad()
     def compute_logprobs(self, samples: list[dict[str, Any]]) -> list[list[float]]:
         """The learner's log-prob of every token whose ``loss_mask`` is 1 (0.0 elsewhere), laid
         out like ``behaviour_logprobs``: entry ``t`` is ``log pi(tokens[t] | tokens[:t])``.
         Collective; every rank returns the whole list. No gradient, no update."""
-        self._require_setup()
+        self.require_setup()
         self._check_samples(samples, rl=False)
-        self.policy.eval()
-        plan = plan_microbatches([len(s["tokens"]) for s in samples], self.micro_batch_tokens, self.world_size)
-        mine: dict[int, list[float]] = {}
-        for micro in plan[self.rank :: self.world_size]:
-            batch, real = self._micro([samples[i] for i in micro], False)
-            lp = batch.pad(self._forward(self.policy, batch)[0]).cpu()
-            if not real:
-                continue
-            for b, i in enumerate(micro):
-                n = len(samples[i]["tokens"])
-                mine[i] = [0.0] + lp[b, : n - 1].tolist()
-        mine = gather_rows(mine, self.world_size)
-        return [mine[i] for i in range(len(samples))]
+        return self.per_row(samples, lambda batch: batch.pad(self._forward(self.policy, batch)[0]))
 
     # ------------------------------------------------------------------ weights
     def full_state_dict(self, dtype: torch.dtype | None = None, adapter_only: bool = False) -> dict[str, torch.Tensor]:
-        """Gather the unsharded parameters (a collective: call on every rank); CPU tensors on rank 0,
-        an empty dict elsewhere. Keys are the Hugging Face model's own; parameters shared under
-        two names (tied embeddings) are one tensor under both.
-
-        ``dtype`` casts floating-point tensors as each is gathered, on the device, before it
-        reaches host memory: rank 0 then holds the model once, in ``dtype`` (a bfloat16 version
-        of a 7B model: 15 GB, not 30 GB of float32 and a bfloat16 copy beside it). The tensors
-        are new: they never alias the live parameters. ``adapter_only``: the LoRA adapter's
-        tensors alone (names as :func:`~agentrl.engine.lora.adapter_tensors` reads them)."""
-        from torch.distributed.tensor import DTensor
-
-        self._require_setup()
-        out: dict[str, torch.Tensor] = {}
-        # state_dict() detaches, so tied names give two objects: the parameters say which names
-        # are one tensor (the same answer on every rank, as the collectives need)
-        param_of = {n: id(p) for n, p in self.policy.lm.named_parameters(remove_duplicate=False)}
-        first_name: dict[int, str] = {}
-        for name, value in self.policy.lm.state_dict().items():
-            if adapter_only and not is_adapter_key(name):
-                continue
-            key = param_of.get(name)
-            if key is not None and key in first_name:  # the same parameter under a second name
-                if self.rank == 0:
-                    out[name] = out[first_name[key]]
-                continue
-            if key is not None:
-                first_name[key] = name
-            local = value.to_local() if isinstance(value, DTensor) else value
-            full = value.full_tensor() if isinstance(value, DTensor) else value  # collective for sharded ones
-            if self.rank != 0:
-                continue
-            t = full.detach()
-            if dtype is not None and t.is_floating_point():
-                t = t.to(dtype)
-            t = t.cpu()
-            if t.data_ptr() == local.data_ptr():  # one unsharded rank: nothing was copied yet
-                t = t.clone()
-            out[name] = t
-        return out
+        """The policy's unsharded parameters on rank 0 (collective; an empty dict elsewhere):
+        :func:`~agentrl.engine.weight_export.full_state_dict` of the policy's LM."""
+        self.require_setup()
+        return full_state_dict(self.policy.lm, self.rank, dtype, adapter_only)
 
     def publish(self, out_dir: str, with_tokenizer: bool = False, serving_dtype: bool = False, merged: bool = False) -> str | None:
         """Write the current weights as a Hugging Face folder at ``out_dir`` (collective; rank 0
@@ -674,16 +502,13 @@ class Learner:
         sd = self.full_state_dict(dtype, adapter_only=self.lora is not None and not merged)
         if self.rank != 0:
             return None
-        if self.lora is not None and not merged:
-            return str(write_adapter_folder(adapter_tensors(sd), self.lora, self.model_name, out_dir))
-        if self.lora is not None:
-            sd = merge_lora(sd, self.lora.scaling)
         tokenizer = None
-        if with_tokenizer:
+        if with_tokenizer and (self.lora is None or merged):
             from agentrl.models.loading import load_tokenizer
 
             tokenizer = load_tokenizer(self.tokenizer_name)
-        return str(write_hf_folder(sd, self.config, Path(out_dir), tokenizer, self.generation_config, dtype))
+        return write_export(sd, out_dir, config=self.config, base_model=self.model_name, lora=self.lora, merged=merged,
+                            tokenizer=tokenizer, generation_config=self.generation_config, dtype=dtype)
 
     def publish_version(self, weights_dir: str) -> int:
         """Write the current weights to ``weights_dir/v<step>`` (collective) and return that
@@ -701,60 +526,20 @@ class Learner:
         self, backend: str, address: str, port: int, world_size: int, generators: list[Any], timeout_s: float, wire_dtype: str
     ) -> None:
         """Form the weight-transfer group with the generator actors (collective over the learner
-        ranks; rank 0 is the group's sender and drives the generators, the others only take
-        part in the FSDP gathers). ``world_size`` = 1 + the generators' vLLM workers."""
-        from agentrl.engine.weight_transfer import (
-            GeneratorClient,
-            model_source,
-            trainer_connect,
-        )
-        from agentrl.errors import WeightSyncError
-
-        self._require_setup()
-        # a whole update may take several collective timeouts (one per packed chunk), plus the
-        # generators' own calls: the watchdog's bound is generous, but finite
-        self._transfer_timeout_s = 4 * timeout_s
-        self._transfer_client = GeneratorClient(generators, timeout_s) if self.rank == 0 else None
-        try:
-            self._transfer = trainer_connect(
-                backend, rank=self.rank, address=address, port=port, world_size=world_size,
-                client=self._transfer_client, source=model_source(self.policy.lm, getattr(torch, wire_dtype)),
-                timeout_s=timeout_s,
-            )
-        except WeightSyncError:
-            raise
-        except Exception as exc:
-            raise WeightSyncError(f"rank {self.rank}: forming the {backend} weight-transfer group at {address}:{port} failed: {type(exc).__name__}: {exc}") from exc
+        ranks; :class:`~agentrl.engine.weight_export.WeightSender`). ``world_size`` = 1 + the
+        generators' vLLM workers."""
+        self.require_setup()
+        self.sender = WeightSender(self.rank, self.device)
+        self.sender.connect(backend, address, port, world_size, generators, timeout_s, self.policy.lm, wire_dtype)
 
     def send_weights(self, version: int) -> float:
         """Broadcast the current parameters to the generators as ``version`` (collective over
         the learner ranks). Returns the seconds it took."""
-        from agentrl.engine.weight_transfer import run_bounded
-        from agentrl.errors import WeightSyncError
+        if self.sender is None:
+            from agentrl.errors import WeightSyncError
 
-        if self._transfer is None:
             raise WeightSyncError("no weight-transfer group: call connect_weight_transfer first")
-        t0 = time.monotonic()
-        if self._transfer_client is not None:
-            self._transfer_client.version = version
-        transfer = self._transfer
-
-        def send() -> None:
-            if self.device.type == "cuda":  # the device is per thread
-                torch.cuda.set_device(self.device)
-            transfer.send_weights()
-
-        try:
-            # the generators' own calls are bounded by the client; the broadcast (NCCL has no
-            # timeout) by this watchdog, which aborts the group when it runs out
-            run_bounded(send, self._transfer_timeout_s, transfer.shutdown, f"rank {self.rank}: sending version {version}")
-        except WeightSyncError:
-            self._transfer = None
-            raise
-        except Exception as exc:
-            self._transfer = None  # a failed collective leaves the group unusable
-            raise WeightSyncError(f"rank {self.rank}: sending version {version} failed: {type(exc).__name__}: {exc}") from exc
-        return time.monotonic() - t0
+        return self.sender.send(version)
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, out_dir: str) -> str:
@@ -762,67 +547,29 @@ class Learner:
         ``torch.distributed.checkpoint``, the step and LR-schedule state, each rank's RNG state
         and the model config (+ tokenizer) for export. See :mod:`agentrl.engine.checkpoint` for
         the layout. The folder appears atomically; an existing one is replaced."""
-        from agentrl.engine.checkpoint import collective_folder, save_rng_state, save_sharded_state, write_trainer_state
 
-        self._require_setup()
-        final = Path(out_dir)
-        try:
-            with collective_folder(final, self.rank, ("rng",)) as tmp:
-                has_optim = save_sharded_state(self.policy.lm, self.optimizer, tmp)
-                save_rng_state(tmp / "rng" / f"rank{self.rank}.pt")
-                if self.rank == 0:
-                    write_trainer_state(tmp, {
-                        "step": self.step,
-                        "updates": self.updates,
-                        "scheduler": self.scheduler.state_dict(),
-                        "has_optimizer_state": has_optim,
-                        "world_size": self.world_size,
-                        "model": self.model_name,
-                        "dtype": str(self.dtype).removeprefix("torch."),
-                        "objective": self.objective.as_dict(),
-                        "lora": self.lora.as_dict() if self.lora is not None else None,
-                    })
-                    self.config.save_pretrained(tmp / "hf")
-                    if self.generation_config is not None:
-                        self.generation_config.save_pretrained(tmp / "hf")
-                    try:
-                        from agentrl.models.loading import load_tokenizer
+        def export_files(tmp: Path) -> None:
+            self.config.save_pretrained(tmp / "hf")
+            if self.generation_config is not None:
+                self.generation_config.save_pretrained(tmp / "hf")
+            try:
+                from agentrl.models.loading import load_tokenizer
 
-                        load_tokenizer(self.tokenizer_name).save_pretrained(tmp / "hf")
-                    except Exception:  # a model without a tokenizer still exports
-                        pass
-        except LearnerError:
-            raise
-        except Exception as exc:
-            raise LearnerError(f"rank {self.rank}: saving the checkpoint {final} failed: {exc}") from exc
-        return str(final)
+                load_tokenizer(self.tokenizer_name).save_pretrained(tmp / "hf")
+            except Exception:  # a model without a tokenizer still exports
+                pass
+
+        self.require_setup()
+        return self.save_state(out_dir, self.policy.lm, {
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "objective": self.objective.as_dict(),
+            "lora": self.lora.as_dict() if self.lora is not None else None,
+        }, export_files)
 
     def load_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
         """Restore a checkpoint written by :meth:`save_checkpoint` (collective), possibly by a
         different number of ranks (the model and optimizer state are re-sharded; each rank's
         RNG state is restored when the checkpoint has one for its rank). Returns the
         trainer state (``step``, ``updates``, ...)."""
-        from agentrl.engine.checkpoint import (
-            load_rng_state,
-            load_sharded_state,
-            read_trainer_state,
-        )
-
-        self._require_setup()
-        folder = Path(checkpoint_dir)
-        state = read_trainer_state(folder)
-        try:
-            load_sharded_state(self.policy.lm, self.optimizer, folder, bool(state["has_optimizer_state"]))
-            self.scheduler.load_state_dict(state["scheduler"])
-            rng = folder / "rng" / f"rank{self.rank}.pt"
-            if rng.is_file():
-                load_rng_state(rng)
-        except Exception as exc:
-            raise LearnerError(f"rank {self.rank}: loading the checkpoint {folder} failed: {exc}") from exc
-        self.step, self.updates = int(state["step"]), int(state["updates"])
-        return state
-
-    def shutdown(self) -> None:
-        """Leave the process group."""
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        self.require_setup()
+        return self.load_state(checkpoint_dir, self.policy.lm)

@@ -10,7 +10,7 @@ import pytest
 
 from agentrl.engine.critic import Critic
 from agentrl.engine.critic_stage import CriticStage, GaeSettings, gae_samples
-from agentrl.errors import LearnerError
+from agentrl.errors import ConfigError, LearnerError
 from tests.engine.test_learner_correctness import free_port, make_samples
 
 
@@ -121,7 +121,7 @@ def test_bad_critic_samples_are_named() -> None:
     c = Critic(rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, model="unused")
     with pytest.raises(LearnerError, match="not set up"):
         c.values([])
-    with pytest.raises(LearnerError, match="value_clip"):
+    with pytest.raises(ConfigError, match="value_clip"):  # a setting, as the learner's: ConfigError
         Critic(rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, model="x", value_clip=0.0)
 
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from agentrl.engine.generator import versions_from_spans
-from agentrl.engine.learner import lr_multiplier, plan_microbatches, token_logprobs
+from agentrl.engine.learner import lr_multiplier, token_logprobs
+from agentrl.engine.microbatch import plan_microbatches
 from agentrl.engine.logprobs import chunked_token_logprobs
 
 
