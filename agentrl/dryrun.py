@@ -19,14 +19,17 @@ __all__ = ["dry_run"]
 def _model(recipe: Recipe) -> tuple[str, str]:
     from agentrl.models.loading import load_tokenizer, looks_like_local_path
 
+    from agentrl.models.plan import plan_model
+
     path = recipe.model.path
-    if recipe.model.build and not Path(path).exists():
-        return "ok", f"{path}: will be built ({recipe.model.build})"
-    if recipe.model.import_ and not (Path(path).exists() and any(Path(path).iterdir())):
+    plan = plan_model(path, recipe.model.build, recipe.model.import_)
+    if plan.action == "build":
+        return "ok", f"{path}: will be built ({plan.source})"
+    if plan.action == "import":
         from agentrl.models.importing import locate_gguf
 
         try:
-            gguf = locate_gguf(recipe.model.import_)
+            gguf = locate_gguf(plan.source)
         except ModelError as exc:
             return "error", str(exc)
         return "ok", f"{path}: will be imported from {gguf}"

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import Recipe
+from agentrl.models.plan import plan_model
 
 __all__ = ["prepare_model"]
 
@@ -15,9 +16,10 @@ def prepare_model(recipe: Recipe, rows: list[dict[str, Any]], log: Any = None) -
     """Return the model to load; first build a tiny one (``[model] build``) or import a GGUF one
     (``[model] import``) there when the recipe asks and ``model.path`` is missing or empty."""
     path = Path(recipe.model.path).absolute()  # actors on other nodes do not share our working directory
-    if (recipe.model.build is None and recipe.model.import_ is None) or (path.exists() and any(path.iterdir())):
+    plan = plan_model(recipe.model.path, recipe.model.build, recipe.model.import_)
+    if plan.action == "use":
         return str(path) if path.is_dir() else recipe.model.path  # else a hub id
-    if recipe.model.import_ is not None:
+    if plan.action == "import":
         from agentrl.models.importing import import_model
 
         if log:
