@@ -15,8 +15,9 @@ Answers, as the OpenAI API gives them (the SDK raises the matching exception):
   ``context_length_exceeded`` when the prompt leaves no room under the episode's token limit, and
   ``episode_call_limit`` past the episode's call limit (the episode then ends as ``overflow`` /
   ``truncated`` rather than as an agent failure);
-- 401: wrong key; 404: unknown model name, or an episode unknown or over (``NotFoundError``); 409:
-  the gateway is shutting down;
+- 401: wrong key; 404: unknown model name, or an episode id that was never opened (or was closed
+  longer ago than the gateway remembers: :data:`CLOSED_MEMORY` ids) (``NotFoundError``); 409
+  ``episode_closed``: the episode was closed, or the gateway is shutting down (``ConflictError``);
 - 503 ``server_error``: the generator failed (the episode becomes an infrastructure failure).
 
 It runs on the asyncio loop of its owner (a Ray actor's loop): agents must use the async client.
@@ -29,6 +30,7 @@ import itertools
 import json
 import secrets
 import socket
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +48,11 @@ from agentrl.engine.render import special_tokens, strip_special_suffix
 from agentrl.engine.stops import with_stop_token_ids
 from agentrl.errors import AgentRLError, InfraError, RequestError
 
-__all__ = ["Gateway", "Session", "new_http_client"]
+__all__ = ["CLOSED_MEMORY", "Gateway", "Session", "new_http_client"]
+
+CLOSED_MEMORY = 65536
+"""How many closed episode ids a gateway remembers (to answer them 409 rather than 404): a bounded
+memory, the oldest forgotten first, so that a long run does not grow it forever (~100 bytes each)."""
 
 GenerateFn = Callable[[list[int], dict[str, Any]], Awaitable[Generation]]
 
@@ -100,9 +106,11 @@ class Gateway:
         tokenizer: the policy's tokenizer (its chat template renders the requests).
         model_name: the one model name served (others get a 404).
         tool_parser: parses tool calls out of the output (default Hermes/Qwen ``<tool_call>``).
+        closed_memory: how many closed episode ids are remembered (:data:`CLOSED_MEMORY`).
     """
 
-    def __init__(self, tokenizer: Any, *, model_name: str = "policy", tool_parser: Any = None) -> None:
+    def __init__(self, tokenizer: Any, *, model_name: str = "policy", tool_parser: Any = None,
+                 closed_memory: int = CLOSED_MEMORY) -> None:
         from agentrl.envs.parsers import get_parser
 
         self.tokenizer = tokenizer
@@ -111,6 +119,8 @@ class Gateway:
         self.api_key = secrets.token_urlsafe(24)
         """The bearer key every request must carry (random per gateway)."""
         self.sessions: dict[str, Session] = {}
+        self._closed: OrderedDict[str, None] = OrderedDict()  # the latest closed episode ids, oldest first
+        self._closed_memory = closed_memory
         self._ids = itertools.count()
         self._specials = special_tokens(tokenizer)
         self._stop_ids: dict[tuple[str, ...], list[int]] = {}  # stop strings -> their single-token ids
@@ -156,10 +166,14 @@ class Gateway:
         return f"http://127.0.0.1:{self.port}/e/{episode}/v1"
 
     def close(self, base_url: str) -> Session:
-        """End the episode at ``base_url``: later requests get a 409. Returns its session."""
+        """End the episode at ``base_url``: later requests get a 409 (while the gateway remembers the
+        id, see ``closed_memory``; a 404 after that). Returns its session."""
         episode = base_url.rstrip("/").split("/")[-2]
         session = self.sessions.pop(episode)
         session.closed = True
+        self._closed[episode] = None
+        while len(self._closed) > self._closed_memory:
+            self._closed.popitem(last=False)
         return session
 
     # ------------------------------------------------------------------ HTTP
@@ -183,10 +197,11 @@ class Gateway:
             return self._json(405, error_body(f"method {request.method} not allowed on {request.path}"))
 
     def _session(self, request: Any) -> Session | Any:
-        session = self.sessions.get(request.match_info["episode"])
-        if session is None:
-            return self._json(404, error_body("unknown or finished episode", code="episode_not_found"))
-        if session.closed:
+        episode = request.match_info["episode"]
+        session = self.sessions.get(episode)
+        if session is None and episode not in self._closed:
+            return self._json(404, error_body(f"no such episode: {episode!r}", code="episode_not_found"))
+        if session is None or session.closed:
             return self._json(409, error_body("the episode is over", code="episode_closed"))
         return session
 

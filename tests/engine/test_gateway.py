@@ -198,7 +198,7 @@ def test_malformed_requests_are_bad_request_errors_naming_the_field(tok, kwargs,
     assert err.status_code == 400 and err.body["param"] == param and gen.calls == []
 
 
-def test_unknown_model_is_404_wrong_key_401_and_a_closed_episode_409(tok):
+def test_unknown_model_is_404_and_wrong_key_401(tok):
     async def agent(client):
         with pytest.raises(openai.NotFoundError) as nf:
             await client.chat.completions.create(model="gpt-4o", messages=START)
@@ -211,21 +211,43 @@ def test_unknown_model_is_404_wrong_key_401_and_a_closed_episode_409(tok):
     _, _, _, (nf, models) = run(tok, lambda p, s: "x", agent)
     assert "gpt-4o" in str(nf) and models == [MODEL]
 
-    async def after_close():
-        gw = Gateway(tok)
-        await gw.start()
-        url = gw.open(Session(recorder=ChatRecorder(tok), generate=None, defaults={}, max_new_tokens=4,
-                              max_context_tokens=64, max_calls=1))
-        gw.close(url)
-        client = openai.AsyncOpenAI(base_url=url, api_key=gw.api_key, max_retries=0)
-        try:
-            with pytest.raises(openai.NotFoundError):
-                await client.chat.completions.create(model=MODEL, messages=START)
-        finally:
-            await client.close()
-            await gw.aclose()
 
-    asyncio.run(after_close())
+def test_a_closed_episode_is_409_an_episode_that_never_existed_404_and_closed_ids_are_remembered_boundedly(tok):
+    def session():
+        return Session(recorder=ChatRecorder(tok), generate=None, defaults={}, max_new_tokens=4, max_context_tokens=64, max_calls=1)
+
+    async def main():
+        gw = Gateway(tok, closed_memory=2)
+        await gw.start()
+        urls = [gw.open(session()) for _ in range(3)]
+        live = gw.open(session())
+        for url in urls:
+            gw.close(url)
+        never = live.replace(live.split("/")[-2], "12345-00000000")
+        answers = {}
+        async with httpx.AsyncClient() as http:
+            for name, url in [("oldest", urls[0]), ("closed", urls[1]), ("latest", urls[2]), ("never", never), ("live", live)]:
+                client = openai.AsyncOpenAI(base_url=url, api_key=gw.api_key, max_retries=0, http_client=http)
+                try:
+                    await client.models.list()
+                    answers[name] = 200
+                except openai.APIStatusError as exc:
+                    answers[name] = (exc.status_code, exc.body["code"])
+            closed = openai.AsyncOpenAI(base_url=urls[2], api_key=gw.api_key, max_retries=0, http_client=http)
+            with pytest.raises(openai.ConflictError, match="the episode is over"):
+                await closed.chat.completions.create(model=MODEL, messages=START)
+        gw.close(live)
+        await gw.aclose()
+        return answers, gw
+
+    answers, gw = asyncio.run(main())
+    assert answers == {
+        "closed": (409, "episode_closed"), "latest": (409, "episode_closed"),  # closed: a conflict, not "no such episode"
+        "never": (404, "episode_not_found"),
+        "oldest": (404, "episode_not_found"),  # closed longer ago than the gateway remembers (closed_memory=2)
+        "live": 200,
+    }
+    assert gw.sessions == {}  # closed sessions themselves are not kept
 
 
 def test_a_prompt_over_the_limit_is_context_length_exceeded_and_the_call_limit_is_enforced(tok):
