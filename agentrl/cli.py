@@ -36,8 +36,19 @@ def train_command(recipe: str, run_dir: str, model: str, *overrides: str) -> lis
     return cmd
 
 
+def _version() -> str:
+    """The installed distribution's version (``pyproject.toml``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("agentrl")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agentrl", description="Asynchronous RL for tool-using language models.")
+    p.add_argument("--version", action="version", version=f"agentrl {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_ in (("train", "run an experiment"), ("check", "validate a recipe without running it")):
         c = sub.add_parser(name, help=help_)

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationErr
 
 from agentrl.engine import judge as _judge
 from agentrl.errors import ConfigError
+from agentrl.model_plan import looks_like_hub_id
 
 __all__ = [
     "Recipe",
@@ -95,6 +96,13 @@ class ModelConfig(_Section):
     def _check_source(self) -> ModelConfig:
         if self.build is not None and self.import_ is not None:
             raise ValueError("give either build or import, not both (both say how to create path)")
+        key = "build" if self.build is not None else "import" if self.import_ is not None else None
+        if key is not None and looks_like_hub_id(self.path):
+            raise ValueError(
+                f"path {self.path!r} is spelled like a hub id, and {key} would create a local folder of that name "
+                f"instead of loading the hub model. To load the hub model, unset it (--set model.{key}=null); to "
+                f"create the model locally, write a local path such as './{self.path}'"
+            )
         return self
 
 
@@ -790,15 +798,22 @@ class Recipe(_Section):
         return (Path(self.run_dir) if self.run_dir else Path("runs") / self.name).absolute()
 
 
+UNSET = object()
+"""The value of ``--set section.key=null``: the key is removed, so it takes its default."""
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """Parse ``section.key=value`` into (key path, value); the value is read as a TOML value
-    (``1e-5``, ``true``, ``"x"``, ``[1, 2]``) and falls back to a plain string."""
+    (``1e-5``, ``true``, ``"x"``, ``[1, 2]``) and falls back to a plain string; ``null`` is
+    :data:`UNSET` (TOML has no null: the key goes back to its default, None for optional keys)."""
     if "=" not in text:
         raise ConfigError(f"--set {text!r}: expected section.key=value")
     key, raw = text.split("=", 1)
     path = [p for p in key.strip().split(".")]
     if not all(p.strip() for p in path):
         raise ConfigError(f"--set {text!r}: empty key in {key!r}")
+    if raw.strip() == "null":
+        return path, UNSET
     try:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
@@ -815,7 +830,10 @@ def _apply_override(data: dict[str, Any], path: list[str], value: Any, source: s
                 f"{source}: --set {'.'.join(path)}: {'.'.join(path[: i + 1])} is a value, not a section"
             )
         node = child
-    node[path[-1]] = value
+    if value is UNSET:
+        node.pop(path[-1], None)  # the key takes its default (None for an optional key)
+    else:
+        node[path[-1]] = value
 
 
 def _describe(value: Any) -> str:

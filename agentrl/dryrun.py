@@ -19,7 +19,7 @@ __all__ = ["dry_run"]
 def _model(recipe: Recipe) -> tuple[str, str]:
     from agentrl.models.loading import load_tokenizer, looks_like_local_path
 
-    from agentrl.models.plan import plan_model
+    from agentrl.model_plan import plan_model
 
     path = recipe.model.path
     plan = plan_model(path, recipe.model.build, recipe.model.import_)

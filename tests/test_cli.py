@@ -1,3 +1,5 @@
+import pytest
+
 from pathlib import Path
 
 from agentrl.cli import main
@@ -54,3 +56,12 @@ def test_sigterm_stops_like_ctrl_c():
         signal.signal(signal.SIGINT, saved[0])
         signal.signal(signal.SIGTERM, saved[1])
     assert cleaned == [True]
+
+
+def test_version_names_the_installed_distribution(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"agentrl {version('agentrl')}"

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import Recipe
-from agentrl.models.plan import plan_model
+from agentrl.model_plan import plan_model
 
 __all__ = ["prepare_model"]
 

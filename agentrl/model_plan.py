@@ -10,7 +10,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["ModelPlan", "plan_model"]
+__all__ = ["ModelPlan", "looks_like_hub_id", "plan_model"]
+
+
+def looks_like_hub_id(path: str) -> bool:
+    """Whether ``path`` is spelled as a hub id (``org/name`` or ``name``) rather than a local
+    folder: nothing of that name exists here, it does not start with ``/``, ``.`` or ``~``, holds
+    no backslash and at most one ``/``. ``./org/name`` is the same name as a local folder."""
+    if not path or Path(path).expanduser().exists():
+        return False
+    return not path.startswith(("/", ".", "~")) and "\\" not in path and path.count("/") <= 1
 
 
 @dataclass(frozen=True)
