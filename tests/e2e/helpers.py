@@ -1,5 +1,6 @@
 """What the end-to-end tests share: the `agentrl train` command line of the tiny recipe, killing
-a run mid-way, reading its steps, and a vLLM OpenAI server in a subprocess."""
+a run mid-way, reading its steps, checking its append-only audit logs after a learner was killed,
+and a vLLM OpenAI server in a subprocess."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import psutil
 import pytest
 
 from agentrl.cli import train_command
+from agentrl.engine.audit import episodes_audit_path, learner_audit_path, read_audit
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -94,6 +97,69 @@ def run_then_kill(cmd: list[str], run_dir: Path, log_path: Path, *, min_step: in
     finally:
         kill_tree(proc)
     return max(steps(run_dir))
+
+
+def sample_prompt(sample_id: str) -> int:
+    """The prompt index of a sample label: ``"p12/3"`` (or a retry's ``"p12-1/3"``) -> 12."""
+    return int(sample_id.split("/")[0][1:].split("-")[0])
+
+
+def check_audit(run_dir: Path, summary: dict, *, killed_at: int, max_steps: int, batch: int, group: int,
+                staleness: int) -> None:
+    """A run whose learner was SIGKILLed once (with the whole run, then resumed; or alone, then
+    restarted in the run) trained every prompt once and lost none, by the learner's and the
+    rollout workers' append-only records (``RUN_DIR/audit/``), not the controller's account.
+
+    ``summary``: the run's ``summary.json``; ``killed_at``: the last step seen logged before the
+    kill; ``max_steps``, ``batch`` (samples per step), ``group`` (samples per prompt),
+    ``staleness`` (``algo.max_staleness``): the run's settings."""
+    audit = read_audit(learner_audit_path(run_dir))
+    pids = list(dict.fromkeys(rec["pid"] for rec in audit))
+    assert len(pids) == 2, f"expected the killed learner and the one that took over, got pids {pids}"
+    killed, resumed = ([rec for rec in audit if rec["pid"] == pid] for pid in pids)
+    # the killed learner trained steps 1..k in order; the next one continued from a checkpoint
+    assert [rec["step"] for rec in killed] == list(range(1, len(killed) + 1))
+    assert len(killed) >= killed_at  # every step seen logged before the kill, the learner had trained
+    checkpoint = resumed[0]["step"] - 1
+    assert 1 <= checkpoint <= len(killed)
+    assert [rec["step"] for rec in resumed] == list(range(checkpoint + 1, max_steps + 1))
+    timeline = killed[:checkpoint] + resumed  # what the final weights were trained on
+    rolled_back = killed[checkpoint:]  # trained, then lost with the kill: must be trained again
+
+    ids = [s["id"] for rec in timeline for s in rec["samples"]]
+    assert None not in ids and len(ids) == len(set(ids)), f"a sample was trained twice: {ids}"
+    per_step = [{sample_prompt(i) for i in (s["id"] for s in rec["samples"])} for rec in timeline]
+    trained = set().union(*per_step)
+    assert sum(map(len, per_step)) == len(trained), f"a prompt was trained in two steps: {per_step}"
+    assert all(len(p) == batch // group for p in per_step), per_step
+    # the labels agree with the tokens: one prompt digest per prompt index, and a distinct
+    # digest per prompt index (the dataset's questions are distinct)
+    digests = defaultdict(set)
+    for rec in audit:
+        for s in rec["samples"]:
+            digests[sample_prompt(s["id"])].add(s["prompt_sha1"])
+    assert all(len(d) == 1 for d in digests.values()), digests
+    assert len({next(iter(d)) for d in digests.values()}) == len(digests)
+
+    episodes = [e for e in read_audit(episodes_audit_path(run_dir)) if e["id"].startswith("p")]
+    finished = defaultdict(set)
+    for e in episodes:
+        finished[e["prompt"]].add(e["id"])
+    trainable = {e["id"] for e in episodes if e["status"] != "infra_failure"}
+    assert set(ids) <= trainable, "the learner trained a sample no rollout worker finished"
+    # no prompt lost: every prompt the run issued in the end (below its cursor) whose whole
+    # group finished is trained once, or still waiting at the end — and what waits is bounded
+    # by the staleness window, so "waiting" cannot hide lost prompts
+    waiting = set(summary["untrained_prompts"])
+    assert summary["dropped_prompts"] == [] and summary["abandoned_prompts"] == []
+    assert len(waiting) <= (staleness + 1) * batch // group, waiting
+    assert not waiting & trained
+    complete = {p for p, got in finished.items() if len(got) >= group and p < summary["prompt_cursor"]}
+    assert complete - trained <= waiting, sorted(complete - trained - waiting)
+    assert trained <= complete
+    # the rewind lost nothing: the rolled-back steps' prompts were trained again or still wait
+    again = {sample_prompt(s["id"]) for rec in rolled_back for s in rec["samples"]}
+    assert again <= trained | waiting, sorted(again - trained - waiting)
 
 
 @contextlib.contextmanager

@@ -7,19 +7,12 @@ summary (which a resume rewrites)."""
 import json
 import os
 import subprocess
-from collections import defaultdict
 
 import pytest
 
-from agentrl.engine.audit import episodes_audit_path, learner_audit_path, read_audit
-from tests.e2e.helpers import REPO, run_then_kill, steps, train_cmd
+from tests.e2e.helpers import REPO, check_audit, run_then_kill, steps, train_cmd
 
 BATCH, GROUP, STALENESS = 8, 4, 1  # learner.batch_size below; tiny_calc's group size and staleness bound
-
-
-def _prompt(sample_id: str) -> int:
-    """``"p12/3"`` (or a retry's ``"p12-1/3"``) -> 12."""
-    return int(sample_id.split("/")[0][1:].split("-")[0])
 
 
 def _cmd(run_dir, model):
@@ -62,55 +55,4 @@ def test_sigkill_and_resume_loses_no_prompt(tmp_path, tiny_calc_model):
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(r["dropped_stale"] == 0 for r in records if r["kind"] == "step")
     assert (run_dir / "final" / "model.safetensors").exists()
-    _check_audit(run_dir, summary, killed_at)
-
-
-def _check_audit(run_dir, summary, killed_at):
-    """The same claims from the learner's and rollout workers' append-only records."""
-    audit = read_audit(learner_audit_path(run_dir))
-    pids = list(dict.fromkeys(rec["pid"] for rec in audit))
-    assert len(pids) == 2, f"expected the killed learner and the resumed one, got pids {pids}"
-    killed, resumed = ([rec for rec in audit if rec["pid"] == pid] for pid in pids)
-    # the killed learner trained steps 1..k in order; the resumed one continued from a checkpoint
-    assert [rec["step"] for rec in killed] == list(range(1, len(killed) + 1))
-    assert len(killed) >= killed_at  # every step the controller logged, the learner had trained
-    checkpoint = resumed[0]["step"] - 1
-    assert 1 <= checkpoint <= len(killed)
-    assert [rec["step"] for rec in resumed] == list(range(checkpoint + 1, 6))
-    timeline = killed[:checkpoint] + resumed  # what the final weights were trained on
-    rolled_back = killed[checkpoint:]  # trained, then lost with the kill: must be trained again
-
-    ids = [s["id"] for rec in timeline for s in rec["samples"]]
-    assert None not in ids and len(ids) == len(set(ids)), f"a sample was trained twice: {ids}"
-    per_step = [{_prompt(i) for i in (s["id"] for s in rec["samples"])} for rec in timeline]
-    trained = set().union(*per_step)
-    assert sum(map(len, per_step)) == len(trained), f"a prompt was trained in two steps: {per_step}"
-    assert all(len(p) == BATCH // GROUP for p in per_step), per_step
-    # the labels agree with the tokens: one prompt digest per prompt index, and a distinct
-    # digest per prompt index (the dataset's questions are distinct)
-    digests = defaultdict(set)
-    for rec in audit:
-        for s in rec["samples"]:
-            digests[_prompt(s["id"])].add(s["prompt_sha1"])
-    assert all(len(d) == 1 for d in digests.values()), digests
-    assert len({next(iter(d)) for d in digests.values()}) == len(digests)
-
-    episodes = [e for e in read_audit(episodes_audit_path(run_dir)) if e["id"].startswith("p")]
-    finished = defaultdict(set)
-    for e in episodes:
-        finished[e["prompt"]].add(e["id"])
-    trainable = {e["id"] for e in episodes if e["status"] != "infra_failure"}
-    assert set(ids) <= trainable, "the learner trained a sample no rollout worker finished"
-    # no prompt lost: every prompt the final run issued (below its cursor) whose whole group
-    # finished is trained once, or still waiting at the end — and what waits is bounded by the
-    # staleness window, so "waiting" cannot hide lost prompts
-    waiting = set(summary["untrained_prompts"])
-    assert summary["dropped_prompts"] == [] and summary["abandoned_prompts"] == []
-    assert len(waiting) <= (STALENESS + 1) * BATCH // GROUP, waiting
-    assert not waiting & trained
-    complete = {p for p, got in finished.items() if len(got) >= GROUP and p < summary["prompt_cursor"]}
-    assert complete - trained <= waiting, sorted(complete - trained - waiting)
-    assert trained <= complete
-    # the rewind lost nothing: the rolled-back steps' prompts were trained again or still wait
-    again = {_prompt(s["id"]) for rec in rolled_back for s in rec["samples"]}
-    assert again <= trained | waiting, sorted(again - trained - waiting)
+    check_audit(run_dir, summary, killed_at=killed_at, max_steps=5, batch=BATCH, group=GROUP, staleness=STALENESS)
