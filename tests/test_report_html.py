@@ -6,6 +6,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from agentrl.report import write_report
 from agentrl.report_html import MAX_EPISODES, episode_turns
 from tests.browser import chromium
@@ -53,14 +55,32 @@ def fake_run(root: Path, episodes: int) -> Path:
     return root
 
 
+FIGURES_JS = """
+return [...document.querySelectorAll('#figures > div')].map(fig => ({
+  plotly: fig.classList.contains('js-plotly-plot'),
+  svgs: fig.querySelectorAll('svg.main-svg').length,
+  title: (fig.querySelector('.gtitle') || {textContent: null}).textContent,
+  drawn: [...fig.querySelectorAll('.scatterlayer .trace, .barlayer .trace')].map(
+    trace => [...trace.querySelectorAll('path')].filter(p => (p.getAttribute('d') || '').length > 10).length),
+}));
+"""
+"""Per figure container: drawn by Plotly, its own SVGs, its title, and per data trace the number of
+paths it drew with real geometry (a line, markers, bars)."""
+
+
+@pytest.mark.browser
 def test_the_page_renders_curves_and_coloured_trajectories_in_chromium(tmp_path):
     run = fake_run(tmp_path / "run", 60)
     page = write_report(run) / "index.html"
     with chromium() as browser:
         browser.get(page.as_uri())
-        plots = browser.find_elements("css selector", ".js-plotly-plot .main-svg")
-        assert len(plots) >= 4  # every figure drew its SVG
-        assert browser.find_elements("css selector", ".js-plotly-plot .scatterlayer .trace")
+        figures = browser.execute_script(FIGURES_JS)
+        assert [f["title"] for f in figures] == [
+            "reward, accuracy", "throughput (tokens/s)", "staleness (versions behind)", "loss, grad norm"]
+        assert all(f["plotly"] and f["svgs"] >= 1 for f in figures), figures  # every figure drew its own SVG
+        # ... with every data trace drawn: 3 curves, 2, 2 stacked bar series (0 and 1 behind), 2
+        assert [len(f["drawn"]) for f in figures] == [3, 2, 2, 2], figures
+        assert all(n > 0 for f in figures for n in f["drawn"]), figures
         tokens = browser.find_elements("css selector", ".episode .tok")
         assert {t.get_attribute("data-v") for t in tokens} >= {"3", "4"}
         assert tokens[0].value_of_css_property("background-color") != tokens[1].value_of_css_property("background-color")
@@ -84,6 +104,7 @@ def test_the_page_renders_curves_and_coloured_trajectories_in_chromium(tmp_path)
     assert (tmp_path / "report.png").stat().st_size > 10_000
 
 
+@pytest.mark.browser
 def test_a_samples_file_of_10000_episodes_is_sampled_and_opens(tmp_path):
     run = fake_run(tmp_path / "run", 10_000)
     page = write_report(run) / "index.html"
