@@ -115,34 +115,80 @@ def test_unreachable_server_and_bad_answers() -> None:
         anyio.run(HttpGenerator("http://vllm:8000").generate, [1], {})
 
 
+def _tie(folder) -> None:
+    """Make the Hugging Face folder's model tie its output projection to its input embedding (as
+    SmolLM2 and Qwen2.5 up to 3B do): ``tie_word_embeddings`` on, no ``lm_head.weight`` stored."""
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    sd = load_file(str(folder / "model.safetensors"))
+    del sd["lm_head.weight"]
+    save_file(sd, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _hf_logprobs(folder, prompt: list[int], ids: list[int]) -> list[float]:
+    """The log-probs of ``ids`` after ``prompt`` under the weights in ``folder``, computed with plain
+    transformers (float32, temperature 1: what a server with processed log-probs reports)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    with torch.no_grad():
+        lp = torch.log_softmax(hf(torch.tensor([prompt + ids])).logits[0].float(), -1)
+    return [lp[len(prompt) - 1 + i, t].item() for i, t in enumerate(ids)]
+
+
 @pytest.fixture(scope="module")
-def vllm_server(tiny_calc_model, tmp_path_factory):
-    """`vllm serve` of the tiny model with the RL and token-in/token-out endpoints on."""
+def tied_model(tiny_calc_model, tmp_path_factory):
+    """The tiny model with tied embeddings (its own is untied): the case a reload alone gets wrong."""
+    folder = tmp_path_factory.mktemp("tied") / "tiny-calc-tied"
+    shutil.copytree(tiny_calc_model, folder)
+    _tie(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tied_model, tmp_path_factory):
+    """`vllm serve` of the tied tiny model with the RL and token-in/token-out endpoints and
+    agentrl's worker extension (the re-tie after each reload) on, in float32 (the server's
+    ``auto`` dtype is bfloat16 on these CPUs)."""
+    from agentrl.engine.vllm_worker import WORKER_EXTENSION
+
     log_path = tmp_path_factory.mktemp("vllm-serve") / "server.log"
     with serve(
-        tiny_calc_model, log_path, "--max-model-len", "512", "--enable-scale-out", "--logprobs-mode", "processed_logprobs", "--seed", "0",
-        "--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096",
+        tied_model, log_path, "--dtype", "float32", "--max-model-len", "512", "--enable-scale-out", "--logprobs-mode", "processed_logprobs", "--seed", "0",
+        "--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096", "--worker-extension-cls", WORKER_EXTENSION,
         env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_LOGGING_LEVEL": "WARNING"},
     ) as url:
         yield url
 
 
+TOL = 1e-4
+"""|log-prob| difference between the server and plain transformers on the same weights (float32)."""
+
+
 @pytest.mark.vllm
-def test_real_vllm_serve_tokens_versions_and_inflight_update(vllm_server, tiny_calc_model, tmp_path) -> None:
+def test_real_vllm_serve_tokens_versions_and_inflight_update(vllm_server, tied_model, tmp_path) -> None:
+    """Against a real server of a tied-embedding model: tokens, log-probs and versions come back;
+    a request survives an update; after the update the new weights sample, output projection
+    included (re-tied to the new embedding: without it the server samples from the old one)."""
     import torch
     from safetensors.torch import load_file, save_file
 
     from agentrl.models.loading import load_tokenizer
 
-    # version 1: the same model with every weight nudged, so its log-probs differ
+    # version 1: the same model with every weight (the shared embedding too) nudged
     v1 = tmp_path / "v000001"
-    shutil.copytree(tiny_calc_model, v1)
+    shutil.copytree(tied_model, v1)
     sd = load_file(str(v1 / "model.safetensors"))
-    save_file({k: t + 0.05 * torch.randn_like(t) for k, t in sd.items()}, str(v1 / "model.safetensors"), metadata={"format": "pt"})
-    tok = load_tokenizer(str(tiny_calc_model))
+    assert "lm_head.weight" not in sd
+    gen = torch.Generator().manual_seed(0)
+    save_file({k: t + 0.05 * torch.randn(t.shape, generator=gen) for k, t in sd.items()}, str(v1 / "model.safetensors"), metadata={"format": "pt"})
+    tok = load_tokenizer(str(tied_model))
     text = tok.apply_chat_template([{"role": "user", "content": "Compute 12*34+5."}], add_generation_prompt=True, tokenize=False)
     prompt = tok.encode(text, add_special_tokens=False)
-    sampling = {"max_tokens": 12, "temperature": 1.0, "seed": 3}
+    sampling = {"max_tokens": 12, "temperature": 1.0, "seed": 3, "ignore_eos": True}
 
     async def go():
         g = HttpGenerator(vllm_server, timeout_s=120)
@@ -158,22 +204,33 @@ def test_real_vllm_serve_tokens_versions_and_inflight_update(vllm_server, tiny_c
             tg.start_soon(long_request)
             await anyio.sleep(0.3)
             assert not long
+            t0 = time.monotonic()
             stall = await g.update_weights(1, str(v1))
+            wall = time.monotonic() - t0
         b = await g.generate(prompt, sampling)
+        stats = await g.stats()
         await g.shutdown()
-        return info, a, again, stall, b, long[0]
+        return info, a, again, stall, wall, b, long[0], stats
 
-    info, a, again, stall, b, spanning = anyio.run(go)
+    info, a, again, stall, wall, b, spanning, stats = anyio.run(go)
     # the long request survived the update (pause mode "keep"): version 0 tokens, then version 1
     assert len(spanning.token_ids) == 400 and spanning.versions[0] == 0 and spanning.versions[-1] == 1
     assert spanning.versions == sorted(spanning.versions)
     assert info["device"] == "remote"
-    assert 0 < len(a.token_ids) <= 12 and len(a.logprobs) == len(a.token_ids)
-    assert all(lp <= 0 for lp in a.logprobs)
-    assert a.versions == [0] * len(a.token_ids)
+    assert len(a.token_ids) == len(a.logprobs) == 12 and a.versions == [0] * 12
     assert (again.token_ids, again.logprobs) == (a.token_ids, a.logprobs)  # seeded: reproducible
-    assert stall > 0 and b.versions == [1] * len(b.token_ids)
-    assert b.logprobs != a.logprobs  # the new weights are the ones sampling
+    # the stall is the update's own time, as measured around the call
+    assert stats["update_stalls_s"] == [stall] and 0 < stall <= wall
+    assert b.versions == [1] * 12
+    # the log-probs are those of the weights each version names: the server's version 0 is the
+    # model, its version 1 the new folder, both as plain transformers computes them
+    before = _hf_logprobs(tied_model, prompt, a.token_ids)
+    after = _hf_logprobs(v1, prompt, b.token_ids)
+    errs = (max(abs(x - y) for x, y in zip(before, a.logprobs)), max(abs(x - y) for x, y in zip(after, b.logprobs)))
+    print(f"server vs transformers, max |dlogp|: version 0 {errs[0]:.3g}, version 1 {errs[1]:.3g}")
+    assert errs[0] < TOL and errs[1] < TOL
+    # and the two versions differ on these tokens, so the check above tells them apart
+    assert max(abs(x - y) for x, y in zip(_hf_logprobs(tied_model, prompt, b.token_ids), b.logprobs)) > 100 * TOL
 
 
 @pytest.mark.parametrize("extension", [True, False])

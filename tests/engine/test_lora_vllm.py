@@ -1,6 +1,7 @@
 """The adapter reaches vLLM: after an adapter update, vLLM's log-probs equal the learner's (peft)
 log-probs on the same tokens and differ from the base model's; a request in flight across an
-update finishes on the adapter it started with, and its tokens carry that version.
+update (part-way through when the update returns) finishes on the adapter it started with: its
+tokens carry that version and that adapter's log-probs.
 
 One vLLM engine (``VllmGenerator`` with LoRA, CPU: vLLM's PunicaWrapperCPU) and one learner
 rank, in this process."""
@@ -32,6 +33,34 @@ def _diffs(samples, learner_lps):
     return [abs(a - b) for s, lp in zip(samples, learner_lps) for a, b, m in zip(lp, s["behaviour_logprobs"], s["loss_mask"]) if m]
 
 
+def _adapter_logprobs(model: str, adapter: str, samples) -> list[list[float]]:
+    """Each sample's log-probs under ``model`` with the peft adapter folder ``adapter`` alone
+    (plain transformers + peft, float32), laid out like the learner's (0.0 at the first token)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from tests.engine.test_learner_correctness import reference_logprobs
+
+    lm = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32), adapter).eval()
+    with torch.no_grad():
+        return [[0.0, *reference_logprobs(lm, s["tokens"]).tolist()] for s in samples]
+
+
+def _progress(gen) -> list[int]:
+    """Tokens sampled so far by each request the vLLM engine holds (its output processor's state
+    per request: the generator asks for final outputs only, so nothing else shows it)."""
+    return [state.detokenizer.num_output_tokens() for state in gen.engine.output_processor.request_states.values()]
+
+
+async def _sampling_started(gen, timeout_s: float = 120.0) -> None:
+    """Wait until the engine holds exactly one request and that request has sampled a token."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not ((p := _progress(gen)) and len(p) == 1 and p[0] > 0):
+        assert asyncio.get_running_loop().time() < deadline, f"no request sampling after {timeout_s} s: {p}"
+        await asyncio.sleep(0.002)
+
+
 @pytest.mark.vllm
 def test_adapter_versions_reach_vllm_exactly_and_requests_keep_theirs(tiny_calc_model, tmp_path):
     check_adapters_reach_vllm(str(tiny_calc_model), tmp_path, lr=5e-3)
@@ -61,10 +90,14 @@ def check_adapters_reach_vllm(model: str, tmp_path, *, lr: float, long_tokens: i
         for _ in range(3):
             learner.train_step(_samples(prompts, base))
         v1 = learner.publish(str(tmp_path / "v1"))
-        # a long request starts on version 0 (the base model) and spans the update
+        # a long request starts on version 0 (the base model) and spans the update: it has sampled
+        # some of its tokens when the update starts, and not all of them when it has returned
         long_task = asyncio.ensure_future(gen.generate(prompts[0], {**sampling, "max_tokens": long_tokens, "seed": 1}))
-        await asyncio.sleep(0.3)
+        await _sampling_started(gen)
+        t0 = asyncio.get_running_loop().time()
         out["stall"] = await gen.update_weights(1, v1)
+        out["update_wall"] = asyncio.get_running_loop().time() - t0
+        out["long_at_update"] = (long_task.done(), _progress(gen))
         out["loaded"] = set(gen.adapters)
         new = [await gen.generate(p, sampling) for p in prompts]
         long = await long_task
@@ -79,13 +112,19 @@ def check_adapters_reach_vllm(model: str, tmp_path, *, lr: float, long_tokens: i
             learner.train_step(out["new"])
         v2 = learner.publish(str(tmp_path / "v2"))
         inflight = asyncio.ensure_future(gen.generate(prompts[1], {**sampling, "max_tokens": 96}))
-        await asyncio.sleep(0.2)
+        await _sampling_started(gen)
         await gen.update_weights(2, v2)
+        out["v1_at_update"] = (inflight.done(), _progress(gen))
         out["still"] = set(gen.adapters)
         out["on_v1"] = await inflight
+        out["on_v1_sample"] = _samples(prompts[1:2], [out["on_v1"]])
+        out["on_v1_v2_view"] = learner.compute_logprobs(out["on_v1_sample"])  # the learner holds version 2 now
         out["after"] = set(gen.adapters)
         out["listed"] = await gen.engine.list_loras()
         out["v2_id"] = gen.adapters[2].lora_int_id
+        # a new request takes version 2 (the learner holds it)
+        out["on_v2"] = _samples(prompts[2:], [await gen.generate(prompts[2], sampling)])
+        out["on_v2_mine"] = learner.compute_logprobs(out["on_v2"])
         await gen.shutdown()
 
     out: dict = {}
@@ -96,7 +135,12 @@ def check_adapters_reach_vllm(model: str, tmp_path, *, lr: float, long_tokens: i
     assert all(v == 1 for s in out["new"] for v, m in zip(s["versions"], s["loss_mask"]) if m)
     long = out["long"][0]
     assert sum(long["loss_mask"]) == long_tokens and {v for v, m in zip(long["versions"], long["loss_mask"]) if m} == {0}
-    assert 1 in out["loaded"] and out["stall"] >= 0.0
+    # the long request was in flight across the update: part-way through when it returned
+    done, progress = out["long_at_update"]
+    print(f"the version-0 request had sampled {progress} of {long_tokens} tokens when the update returned")
+    assert not done and len(progress) == 1 and 0 < progress[0] < long_tokens
+    # the stall is the time the update took (with LoRA nothing is paused: loading the adapter)
+    assert 1 in out["loaded"] and 0.0 < out["stall"] <= out["update_wall"]
     # the adapter reached vLLM: its log-probs are the learner's (peft) ones, not the base model's
     diffs = _diffs(out["new"], out["mine"])
     print(f"vLLM adapter v1 vs peft over {len(diffs)} tokens: max |dlogp| {max(diffs):.3g}, mean {sum(diffs) / len(diffs):.3g}")
@@ -104,6 +148,17 @@ def check_adapters_reach_vllm(model: str, tmp_path, *, lr: float, long_tokens: i
     assert max(_diffs(out["new"], out["base_view"])) > 100 * TOL
     # the request that spanned the update was the base model's throughout
     assert max(_diffs(out["long"], out["long_base"])) < TOL
-    # the version-1 request in flight kept its adapter; version 1 was unloaded after it
+    # the version-1 request in flight across the version-2 update kept its adapter: labels, and
+    # log-probs of version 1's adapter alone (not version 2's); version 1 was unloaded after it
+    done, progress = out["v1_at_update"]
+    assert not done and len(progress) == 1 and 0 < progress[0] < 96, progress
     assert set(out["on_v1"].versions) == {1}
+    v1_ref = _adapter_logprobs(model, str(tmp_path / "v1"), out["on_v1_sample"])
+    v1_diffs, v2_diffs = _diffs(out["on_v1_sample"], v1_ref), _diffs(out["on_v1_sample"], out["on_v1_v2_view"])
+    print(f"version-1 request across the update, max |dlogp| against adapter v1 {max(v1_diffs):.3g}, against v2 {max(v2_diffs):.3g}")
+    assert len(v1_diffs) == 96 and max(v1_diffs) < TOL
+    assert max(v2_diffs) > 10 * TOL  # two small steps apart (SmolLM2 at lr 1e-3: 8e-3)
+    # a new request after it has version 2's adapter: its label, the learner's log-probs now
+    assert {v for v, m in zip(out["on_v2"][0]["versions"], out["on_v2"][0]["loss_mask"]) if m} == {2}
+    assert max(_diffs(out["on_v2"], out["on_v2_mine"])) < TOL
     assert out["still"] >= {1, 2} and out["after"] == {2} and set(out["listed"]) == {out["v2_id"]}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import time
 
 import pytest
 
@@ -28,7 +29,7 @@ def test_concurrent_requests_are_batched_and_score_as_one_by_one(tiny_calc_model
 
     batched = [s for (s,) in asyncio.run(main())]
     assert batched == pytest.approx(alone, abs=1e-5)  # padding changes nothing
-    assert len({round(x, 6) for x in alone}) > 1  # the (random) head tells the items apart
+    assert len({round(x, 6) for x in alone}) == len(CONVERSATIONS)  # the (random) head tells every item apart
     assert server.forwards == 2  # 8 requests, batches of 4
     assert server.stats()["items"] == 8 and server.stats()["requests"] == 8
 
@@ -98,9 +99,13 @@ def test_the_scorer_asks_the_server_through_an_actor_handle(tiny_calc_model):
     assert t.reward == pytest.approx(1.0 + 0.5 * expected)
 
 
+@pytest.mark.ray
 def test_the_reward_model_runs_as_a_ray_actor_and_batches_concurrent_episodes(tiny_calc_model, tmp_path):
     """The run's path for real: the server started by ``start_reward_actors`` as a Ray actor from
-    the recipe's wiring, episodes scored concurrently through its handle, batched in the actor."""
+    the recipe's wiring, episodes scored concurrently through its handle, batched in the actor.
+
+    A batch goes as soon as ``max_batch_size`` items wait; ``max_wait_ms`` is long, so that the 8
+    requests sent at once share one forward pass however slowly Ray delivers them here."""
     import ray
 
     from agentrl.config import validate_recipe
@@ -112,7 +117,7 @@ def test_the_reward_model_runs_as_a_ray_actor_and_batches_concurrent_episodes(ti
             pass
 
     recipe = validate_recipe({"model": {"path": str(tiny_calc_model)},
-                              "reward": {"model": {"path": str(tiny_calc_model), "weight": 1.0, "max_batch_size": 8, "max_wait_ms": 200}}})
+                              "reward": {"model": {"path": str(tiny_calc_model), "weight": 1.0, "max_batch_size": 8, "max_wait_ms": 30_000}}})
     spec = wiring.reward_model_actor(recipe, tmp_path)
     spec.options["num_cpus"] = 0
     ray.init(num_cpus=1, include_dashboard=False, logging_level="error")
@@ -120,12 +125,16 @@ def test_the_reward_model_runs_as_a_ray_actor_and_batches_concurrent_episodes(ti
         async def main():
             actors = await start_reward_actors([], spec, startup_timeout_s=120, log=Log())
             handle = actors.reward_model
+            t0 = time.monotonic()
             scores = await asyncio.wait_for(asyncio.gather(*[handle.score.remote([item]) for item in CONVERSATIONS]), 120)
-            return [s for (s,) in scores], await handle.stats.remote()
+            return [s for (s,) in scores], await handle.stats.remote(), time.monotonic() - t0
 
-        scores, stats = asyncio.run(main())
+        scores, stats, elapsed = asyncio.run(main())
     finally:
         ray.shutdown()
     alone = RewardModelServer(str(tiny_calc_model), seed=recipe.seed).score_now(CONVERSATIONS)
     assert scores == pytest.approx(alone, abs=1e-5)
-    assert stats["requests"] == 8 and stats["forwards"] < 8  # concurrent episodes shared forward passes
+    # the 8 concurrent episodes were scored in one forward pass of 8 items, sent once the batch was
+    # full (not after max_wait_ms)
+    assert (stats["requests"], stats["items"], stats["forwards"]) == (8, 8, 1), stats
+    assert elapsed < 15, elapsed
