@@ -4,6 +4,11 @@ Backends: ``bubblewrap-exec`` (one bwrap container per execution), ``bubblewrap-
 fork-server workers, started before the tests so that they really serve the executions),
 ``docker`` (the Docker engine is made available with ``scripts/docker.sh`` when it does not answer:
 these tests run, they never skip) and ``unsafe-local``.
+
+Every test here that needs the Docker engine carries the ``docker`` marker (``-m "not docker"``
+leaves them out): those run on the ``docker`` backend (a parameter whose value is ``"docker"``),
+those that request ``docker_engine``, and those of ``test_docker.py`` but the few listed in
+:data:`NO_ENGINE`. A marked test gets the engine started before it runs.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from agentrl.sandbox import (
     SessionSandbox,
     UnsafeLocalSandbox,
 )
+from tests.conftest import require_mark
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -80,6 +86,33 @@ def wait_none_named(token: str, within_s: float = 3.0) -> list[int]:
     return left
 
 
+#: Tests of ``test_docker.py`` that do not need the engine (they point the client elsewhere).
+NO_ENGINE = {"test_unreachable_engine_is_unavailable"}
+
+
+def _needs_docker(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "docker" in callspec.params.values():
+        return True
+    if "docker_engine" in getattr(item, "fixturenames", ()):
+        return True
+    return item.path.name == "test_docker.py" and getattr(item, "originalname", item.name) not in NO_ENGINE
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if item.path.is_relative_to(here) and _needs_docker(item):
+            item.add_marker(pytest.mark.docker)
+
+
+@pytest.fixture(autouse=True)
+def _engine_for_docker_tests(request: pytest.FixtureRequest) -> None:
+    """The Docker engine for every test marked ``docker``, also when it runs alone."""
+    if request.node.get_closest_marker("docker") is not None:
+        request.getfixturevalue("docker_engine")
+
+
 def docker_engine_up() -> bool:
     try:
         import docker
@@ -93,7 +126,8 @@ def docker_engine_up() -> bool:
 @pytest.fixture(scope="session")
 def docker_engine() -> None:
     """A reachable Docker engine with the sandbox image: started by ``scripts/docker.sh`` if
-    needed. Fails (never skips) when that is impossible."""
+    needed. Fails (never skips) when that is impossible, or when the test is not marked ``docker``."""
+    require_mark("docker", "needs the Docker engine")
     if not docker_engine_up():
         proc = subprocess.run(
             [str(REPO / "scripts" / "docker.sh")], capture_output=True, text=True, timeout=900
@@ -109,6 +143,8 @@ class _Sandboxes:
         self.made: dict[str, Any] = {}
 
     def get(self, kind: str, request: pytest.FixtureRequest) -> Any:
+        if kind == "docker":
+            require_mark("docker", "uses the Docker sandbox")
         if kind not in self.made:
             self.made[kind] = self._make(kind, request)
         return self.made[kind]
