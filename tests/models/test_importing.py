@@ -76,9 +76,20 @@ def test_import_refuses_to_overwrite_and_replaces_with_overwrite(smol_model: Pat
     out = tmp_path / "m"
     out.mkdir()
     (out / "keep.txt").write_text("x")
-    with pytest.raises(ModelError, match="already exists and is not empty"):
+    with pytest.raises(ModelError, match=r"already exists and is not empty \(use --overwrite\)"):
         import_model("smollm2-135m-instruct", out)
-    assert (out / "keep.txt").exists()
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]  # refused before touching anything
+
+    # overwrite=True replaces the folder's contents with the import (here in bfloat16, to tell it apart)
+    assert import_model("smollm2-135m-instruct", out, dtype="bfloat16", overwrite=True) == out
+    names = {p.name for p in out.iterdir()}
+    assert "keep.txt" not in names  # replaced, not merged into
+    assert {"config.json", "model.safetensors", "tokenizer.json", importing.IMPORT_RECORD} <= names
+    record = json.loads((out / importing.IMPORT_RECORD).read_text())
+    assert record["dtype"] == "bfloat16" and record["source"] == "smollm2-135m-instruct"
+    half = (out / "model.safetensors").stat().st_size / (smol_model / "model.safetensors").stat().st_size
+    assert 0.45 < half < 0.55  # the new weights: bfloat16, half of the float32 import
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no temporary folder left beside it
 
 
 @pytest.mark.parametrize(
