@@ -12,8 +12,12 @@ engine, sandbox, model, rows and sampling seeds:
   ``tool`` message, the answer is scored the same way), played by
   :func:`agentrl.engine.rollout.play_episode`, token in/token out with no HTTP at all.
 
-Both passes sample every turn with the same seeds, so they generate (nearly) the same tokens;
-generated tokens/s of each pass, median over ``--repeats`` alternating passes, and their ratio.
+Both passes sample every turn of episode ``i`` with the same seed (``episode_seed(0, i, 0, turn)``),
+so they can generate the same tokens: the benchmark compares the generated token ids episode by
+episode (not only their counts) and reports in how many episodes the gateway wrote exactly the env
+pass's ids, beside how many the env pass reproduced of its own first repeat (the engine's own
+run-to-run determinism under different batching, the ceiling of the first figure). Also: generated
+tokens/s of each pass, median over ``--repeats`` alternating passes, and their ratio.
 
     .venv/bin/python benchmarks/agent_gateway.py --model runs/tiny_agent/sft --episodes 128 --concurrency 32 --repeats 5 --write
 
@@ -77,6 +81,22 @@ def mirror_env_class() -> type:
     return MirrorEnv
 
 
+SEED = 0
+"""The run seed both passes derive every turn's sampling seed from."""
+
+
+def generated_ids(traj: Any) -> list[int]:
+    """The ids the model wrote in an episode, in order (the loss-mask-1 tokens, over all segments)."""
+    return [t for t, m in zip(traj.tokens, traj.loss_mask) if m]
+
+
+def same_ids(a: list[Any], b: list[Any]) -> int:
+    """In how many episodes (same row, same index) ``a`` and ``b`` generated identical token ids (an
+    episode where neither generated anything does not count as a match)."""
+    assert len(a) == len(b) and all(x.prompt_index == y.prompt_index for x, y in zip(a, b))
+    return sum(bool(generated_ids(x)) and generated_ids(x) == generated_ids(y) for x, y in zip(a, b))
+
+
 async def env_pass(gen: Any, tok: Any, rows: list[dict], concurrency: int, sandbox: Any) -> tuple[float, list[Any]]:
     from agentrl.engine.rollout import play_episode
 
@@ -86,8 +106,8 @@ async def env_pass(gen: Any, tok: Any, rows: list[dict], concurrency: int, sandb
     async def one(i: int) -> Any:
         async with sem:
             return await play_episode(
-                env_cls(sandbox), tok, gen.generate, row=rows[i], group_id=f"g{i}", prompt_index=i, sample_index=0, seed=0,
-                sampling={"temperature": 1.0}, max_new_tokens=64, max_episode_tokens=512, max_turns=3,
+                env_cls(sandbox), tok, gen.generate, row=rows[i], group_id=f"g{i}", prompt_index=i, sample_index=0, seed=SEED,
+                sampling={"temperature": 1.0}, max_new_tokens=64, max_episode_tokens=512, max_turns=3, seed_sampling=True,
             )
 
     t0 = time.monotonic()
@@ -110,7 +130,7 @@ async def gateway_pass(gen: Any, tok: Any, rows: list[dict], concurrency: int, s
             return await play_agent_episode(
                 calc_agent, gateway, gen.generate, http_client=http, row=rows[i], group_id=f"g{i}", prompt_index=i, sample_index=0,
                 defaults={"temperature": 1.0}, max_new_tokens=64, max_episode_tokens=512, max_calls=3, timeout_s=300.0,
-                sandbox=sandbox, seed_of=lambda call, choice, i=i: episode_seed(0, i, 0, call),
+                sandbox=sandbox, seed_of=lambda call, choice, i=i: episode_seed(SEED, i, 0, call),  # the env pass's seeds
             )
 
     try:
@@ -213,22 +233,31 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     await gen.start()
     passes = {"env": env_pass, "gateway": gateway_pass}
     results: list[dict[str, Any]] = [{"pass": "calls", **(await call_costs(tok, 300))}]
+    first_env: list[Any] | None = None
     try:
         for fn in passes.values():  # untimed warm-up of both paths
             await fn(gen, tok, rows[:16], 8, sandbox)
         for r in range(args.repeats):
             order = list(passes.items()) if r % 2 == 0 else list(passes.items())[::-1]
+            repeat: dict[str, list[Any]] = {}
             for name, fn in order:
                 cpu0 = busy_cpu_s()
                 wall, trajs = await fn(gen, tok, rows, args.concurrency, sandbox)
                 cpu = busy_cpu_s() - cpu0
+                repeat[name] = trajs
                 tokens = sum(t.num_generated for t in trajs)
                 results.append({
-                    "pass": name, "tokens_per_s": tokens / wall, "tokens": tokens, "wall_s": wall, "busy_cores": cpu / wall,
+                    "pass": name, "repeat": r, "tokens_per_s": tokens / wall, "tokens": tokens, "wall_s": wall, "busy_cores": cpu / wall,
                     "turns": statistics.mean(t.metrics["turns"] for t in trajs),
                     "reward": statistics.mean(t.reward for t in trajs),
                     "failures": sum(not t.trainable for t in trajs),
                 })
+            first_env = first_env or repeat["env"]
+            # the token ids themselves, episode by episode: the gateway against this repeat's env pass,
+            # and the env pass against its own first repeat (how deterministic the engine is here)
+            results.append({"pass": "ids", "repeat": r, "episodes": len(rows),
+                            "gateway_same_as_env": same_ids(repeat["gateway"], repeat["env"]),
+                            "env_same_as_first_env": same_ids(repeat["env"], first_env)})
     finally:
         await gen.shutdown()
         await sandbox.aclose()
@@ -258,6 +287,15 @@ def format_block(args: argparse.Namespace, results: list[dict[str, Any]], starte
         [r for r in results if r["pass"] == "env"], [r for r in results if r["pass"] == "gateway"])]
     lines.append("")
     lines.append(f"gateway / env tokens/s: median **{statistics.median(ratios):.2f}** (per repeat: {', '.join(f'{x:.2f}' for x in ratios)})")
+    ids = [r for r in results if r["pass"] == "ids"]
+    n = ids[0]["episodes"]
+    same = [r["gateway_same_as_env"] for r in ids]
+    lines.append("")
+    lines.append(
+        f"Generated token ids compared episode by episode (same rows, same per-turn seeds): the gateway wrote exactly "
+        f"the env pass's ids in **{min(same)} of {n}** episodes in its worst repeat (per repeat: {', '.join(map(str, same))}); "
+        f"the env pass reproduced its own first repeat's ids in {', '.join(str(r['env_same_as_first_env']) for r in ids[1:]) or '-'} of {n}."
+    )
     costs = next(r for r in results if r["pass"] == "calls")
     lines.append("")
     lines.append(
