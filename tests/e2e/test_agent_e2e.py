@@ -3,6 +3,7 @@ the bubblewrap sandbox, Ray actors and the FSDP2 learner, a few steps."""
 
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -27,12 +28,29 @@ def test_an_agent_program_trains_end_to_end(tmp_path, tiny_calc_model):
     steps = [r for r in records if r["kind"] == "step"]
     assert [s["version"] for s in steps] == [1, 2, 3]
     assert all(s["agent_failures"] == 0 and s["infra_failures"] == 0 for s in steps)
+    assert [s["samples_trained"] for s in steps] == [16, 16, 16]  # learner.batch_size episodes per step
     assert all(s["turns_mean"] == 2.0 for s in steps)  # both calls of every episode reached vLLM
     assert max(s["max_token_version"] for s in steps) >= 1  # tokens of published versions were trained
-    assert sum(s["trained_tokens"] for s in steps) > 0
+    assert all(s["trained_tokens"] > 0 for s in steps)
     evals = [r for r in records if r["kind"] == "eval"]
-    assert len(evals) == 2 and all(e["infra_failures"] == 0 for e in evals)
+    assert [e["version"] for e in evals] == [0, 3]  # eval.every_steps=0: before RL and after the last step
+    assert all(e["episodes"] == 8 and e["infra_failures"] == 0 and e["agent_failures"] == 0 and e["turns_mean"] == 2.0
+               for e in evals)  # eval.limit=8 rows, every one played to its two calls
+
+    def tool_outputs(text: str) -> list[int]:
+        """What the sandbox printed, as the agent showed it to the model: len(first reply) + 1000."""
+        return [int(n) for n in re.findall(r"tool says (\d+)", text)]
+
+    # samples.jsonl: no failed episode to show, so exactly the first episode of two groups per step,
+    # each decoded in full; every one shows the sandbox's output (no filter that could leave none)
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
-    assert samples and all("tool says 100" in s["text"] for s in samples if s["text"])  # the sandbox ran
+    assert [s["version"] for s in samples] == [1, 1, 2, 2, 3, 3]
+    assert all(s["status"] == "ok" and s["turns"] == 2.0 and s["text"] for s in samples), samples
+    for s in samples:
+        printed = tool_outputs(s["text"])  # the sandbox ran the agent's code (an error is no number)
+        assert printed and 1000 <= printed[0] <= 1100, s["text"]
+    eval_samples = [json.loads(line) for line in (run_dir / "eval_samples.jsonl").read_text().splitlines()]
+    assert [e["version"] for e in eval_samples] == [0] * 4 + [3] * 4  # four episodes of each evaluation
+    assert all(tool_outputs(e["text"]) for e in eval_samples), eval_samples
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["agent_failures"] == 0 and summary["samples_trained"] == 48
