@@ -3,7 +3,7 @@
 An *agent* is ``async def agent(client: openai.AsyncOpenAI, row: dict) -> float`` (or
 :class:`AgentResult`, or a dict with ``"reward"``), named in a recipe as ``[env] agent =
 "module:function"``. Each episode calls it once with a client of its own whose requests go to the
-policy being trained (through agentrl's gateway, :mod:`agentrl.engine.gateway`) and with the
+policy being trained (through agentrl's gateway, :mod:`agentrl.engine.episodes.gateway`) and with the
 dataset row. Pass ``model=MODEL`` (the name the gateway serves, ``"policy"`` unless the recipe's
 ``[env] agent_model`` says otherwise) in every call.
 

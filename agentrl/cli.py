@@ -152,7 +152,7 @@ def _model_init(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None, *, hooks: Sequence[Any] = ()) -> int:
     """Entry point of the ``agentrl`` console script; returns the exit status. ``hooks``: RL
-    loop hooks for ``train`` and ``eval`` (:class:`agentrl.engine.loop.LoopHook`; fault
+    loop hooks for ``train`` and ``eval`` (:class:`agentrl.engine.loop.loop.LoopHook`; fault
     injection in tests)."""
     args = _parser().parse_args(argv)
     try:
@@ -170,7 +170,7 @@ def main(argv: Sequence[str] | None = None, *, hooks: Sequence[Any] = ()) -> int
             print(f"report written to {out}/ (index.html: curves and trajectories; training.png, summary.md)")
             return 0
         if args.command == "export":
-            from agentrl.engine.checkpoint import export_checkpoint
+            from agentrl.engine.training.checkpoint import export_checkpoint
 
             print(f"exported to {export_checkpoint(args.checkpoint_dir, args.out_dir, merge=args.merge)}")
             return 0

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, model_validator
 
-from agentrl.engine import judge as _judge
+from agentrl import judge_prompt
 from agentrl.errors import ConfigError
 from agentrl.model_plan import looks_like_hub_id
 
@@ -578,7 +578,7 @@ class WandbConfig(_Section):
 
 
 class JudgeConfig(_Section):
-    """An LLM judge that scores each finished training episode (``agentrl/engine/judge.py``): the
+    """An LLM judge that scores each finished training episode (``agentrl/engine/rewards/judge.py``): the
     template is sent as one user message, the score is read from the answer with
     ``score_pattern`` and mapped from ``[score_min, score_max]`` to ``[0, 1]``. A judge that times
     out or answers without a score in range makes the episode an infrastructure failure, kept out
@@ -589,11 +589,11 @@ class JudgeConfig(_Section):
     served by a second group of generators that never receive weight updates."""
     weight: float = Field(1.0, allow_inf_nan=False)
     """Weight of the judge's score (in [0, 1]) in the episode's reward."""
-    template: str = _judge.DEFAULT_TEMPLATE
+    template: str = judge_prompt.DEFAULT_TEMPLATE
     """The judge's prompt. Placeholders: ``{response}`` (the model's last turn), ``{transcript}``
     (everything after the prompt: model turns and tool outputs), ``{<field>}`` (any field of the
     dataset row, e.g. ``{question}``, ``{answer}``); other braces are left as written."""
-    score_pattern: str = _judge.DEFAULT_SCORE_PATTERN
+    score_pattern: str = judge_prompt.DEFAULT_SCORE_PATTERN
     """Regex of the score in the answer: its first group (or the whole match) is the number; the
     last match counts."""
     score_min: float = Field(0.0, allow_inf_nan=False)
@@ -620,7 +620,7 @@ class JudgeConfig(_Section):
     def _check_judge(self) -> "JudgeConfig":
         import re
 
-        if not any("{" + name + "}" in self.template for name in _judge.EPISODE_PLACEHOLDERS):
+        if not any("{" + name + "}" in self.template for name in judge_prompt.EPISODE_PLACEHOLDERS):
             raise ValueError("template must contain {response} or {transcript} (what the judge is to score)")
         if self.score_max <= self.score_min:
             raise ValueError(f"score_max ({self.score_max:g}) must be greater than score_min ({self.score_min:g})")
@@ -637,7 +637,7 @@ class JudgeConfig(_Section):
 class RewardModelConfig(_Section):
     """A sequence-classification reward model (``AutoModelForSequenceClassification``, one label)
     served by one Ray actor that batches the rollout workers' requests
-    (``agentrl/engine/reward_model.py``). It scores the conversation ``[user: the row's
+    (``agentrl/engine/rewards/reward_model.py``). It scores the conversation ``[user: the row's
     prompt_field, assistant: the model's last turn]``; a failure or a timeout makes the episode
     an infrastructure failure, kept out of the loss."""
 
@@ -667,7 +667,7 @@ class RewardModelConfig(_Section):
 
 class RewardConfig(_Section):
     """How an episode's reward is made: ``env_weight * env_reward + judge.weight * judge_score +
-    model.weight * rm_score`` (``agentrl/engine/scoring.py``). Without a judge and a reward model,
+    model.weight * rm_score`` (``agentrl/engine/rewards/scoring.py``). Without a judge and a reward model,
     the environment's rule-based reward alone (times ``env_weight``). Evaluation always reports
     the environment's reward alone."""
 

@@ -88,7 +88,7 @@ def _prompt(recipe: Recipe) -> tuple[str, str]:
         return "ok", f"an agent's prompts are its own calls; one over {limit} tokens ({limits}) is answered 400 context_length_exceeded"
     if not Path(recipe.model.path).exists():
         return "ok", f"not rendered: {recipe.model.path} does not exist yet (it is built or imported by the run)"
-    from agentrl.engine.render import IncrementalRenderer
+    from agentrl.engine.episodes.render import IncrementalRenderer
     from agentrl.envs import make_env
     from agentrl.envs.data import load_rows
     from agentrl.models.loading import load_tokenizer

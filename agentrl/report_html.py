@@ -49,7 +49,7 @@ def _split_pieces(pieces: list[list[Any]], cuts: list[int]) -> list[list[Any]]:
 
 
 def episode_turns(spans: list[list[Any]]) -> list[dict[str, Any]]:
-    """An episode's ``spans`` ([text, version], see :mod:`agentrl.engine.episode_text`) as turns
+    """An episode's ``spans`` ([text, version], see :mod:`agentrl.engine.common.episode_text`) as turns
     ``{"role", "pieces": [[text, version, in_call], ...]}``; ``in_call`` is 1 inside a tool call
     the assistant wrote (``<tool_call>`` or ``<code>``)."""
     full = "".join(t for t, _ in spans)

@@ -4,13 +4,13 @@ The task is Calc with a Python tool through function calling, played two ways on
 engine, sandbox, model, rows and sampling seeds:
 
 - *gateway*: :func:`agentrl.envs.calc_agent.calc_agent`, an OpenAI-SDK agent, through
-  :func:`agentrl.engine.agent_episode.play_agent_episode`: every model call is an HTTP request to
+  :func:`agentrl.engine.episodes.agent_episode.play_agent_episode`: every model call is an HTTP request to
   the gateway (JSON, message matching, template rendering of the new messages, tool-call parsing,
   the SDK's own parsing of the answer);
 - *env*: :class:`MirrorEnv`, a ``TextEnv`` that shows the model exactly the same text (the system
   turn holds the same ``<tools>`` block the chat template writes, tool output comes back as a
   ``tool`` message, the answer is scored the same way), played by
-  :func:`agentrl.engine.rollout.play_episode`, token in/token out with no HTTP at all.
+  :func:`agentrl.engine.episodes.rollout.play_episode`, token in/token out with no HTTP at all.
 
 Both passes sample every turn of episode ``i`` with the same seed (``episode_seed(0, i, 0, turn)``),
 so they can generate the same tokens: the benchmark compares the generated token ids episode by
@@ -98,7 +98,7 @@ def same_ids(a: list[Any], b: list[Any]) -> int:
 
 
 async def env_pass(gen: Any, tok: Any, rows: list[dict], concurrency: int, sandbox: Any) -> tuple[float, list[Any]]:
-    from agentrl.engine.rollout import play_episode
+    from agentrl.engine.episodes.rollout import play_episode
 
     env_cls = mirror_env_class()
     sem = asyncio.Semaphore(concurrency)
@@ -116,9 +116,9 @@ async def env_pass(gen: Any, tok: Any, rows: list[dict], concurrency: int, sandb
 
 
 async def gateway_pass(gen: Any, tok: Any, rows: list[dict], concurrency: int, sandbox: Any) -> tuple[float, list[Any]]:
-    from agentrl.engine.agent_episode import play_agent_episode
-    from agentrl.engine.gateway import Gateway, new_http_client
-    from agentrl.engine.rollout import episode_seed
+    from agentrl.engine.episodes.agent_episode import play_agent_episode
+    from agentrl.engine.episodes.gateway import Gateway, new_http_client
+    from agentrl.engine.episodes.rollout import episode_seed
     from agentrl.envs.calc_agent import calc_agent
 
     gateway = Gateway(tok)
@@ -153,8 +153,8 @@ async def call_costs(tok: Any, calls: int) -> dict[str, float]:
     from aiohttp import web
 
     from agentrl.agents import MODEL, PYTHON_TOOL
-    from agentrl.engine.chat_segments import ChatRecorder
-    from agentrl.engine.gateway import Gateway, Session, new_http_client
+    from agentrl.engine.episodes.chat_segments import ChatRecorder
+    from agentrl.engine.episodes.gateway import Gateway, Session, new_http_client
     from agentrl.engine.testing import ScriptedGenerator
 
     messages = [{"role": "system", "content": "Compute with the python tool."}, {"role": "user", "content": "Compute 1+2."}]
@@ -212,7 +212,7 @@ class RemoteGenerator:
 
 
 async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from agentrl.engine.generator import EngineSettings, VllmGenerator
+    from agentrl.engine.generation.generator import EngineSettings, VllmGenerator
     from agentrl.envs.data import load_rows
     from agentrl.models.loading import load_tokenizer
     from agentrl.sandbox import create_sandbox
@@ -223,7 +223,7 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     await sandbox.start()
     settings = EngineSettings(model=args.model, max_model_len=1024, kv_cache_gib=0.5, cpu_threads_bind=args.bind)
     if args.generator == "actor":  # as `agentrl train` places it: vLLM in its own process, called through Ray
-        from agentrl.engine.cluster import new_actor, start_ray, stop_ray
+        from agentrl.engine.common.cluster import new_actor, start_ray, stop_ray
         from agentrl.engine.wiring import ACTOR_ENV_VARS
 
         start_ray({"num_cpus": 4, "include_dashboard": False, "log_to_driver": False})

@@ -44,7 +44,7 @@ async def _round(g: Any, folder: str, args: argparse.Namespace, first_version: i
 
 
 async def main_async(args: argparse.Namespace) -> str:
-    from agentrl.engine.generator import EngineSettings, VllmGenerator
+    from agentrl.engine.generation.generator import EngineSettings, VllmGenerator
 
     settings = {
         label: EngineSettings(model=args.model, max_model_len=args.prompt_tokens + args.max_tokens + 16, kv_cache_gib=0.25,

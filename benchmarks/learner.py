@@ -4,7 +4,7 @@ against fixed-size micro-batches, in the same process on the same batch.
 Configurations (one training step = forward/backward over the whole batch + one AdamW step,
 the same objective, :func:`agentrl.algos.policy_loss`, everywhere):
 
-- ``learner``: :class:`agentrl.engine.learner.Learner`, one FSDP2 rank over gloo, micro-batches
+- ``learner``: :class:`agentrl.engine.training.learner.Learner`, one FSDP2 rank over gloo, micro-batches
   planned by token budget (sorted by length), chunked chosen-token log-probs;
 - ``plain``: a single-process loop over the *same* micro-batches with the bare transformers
   model (no FSDP, no process group), full logits and ``log_softmax``: the issue's reference;
@@ -61,9 +61,9 @@ sys.path.insert(0, str(REPO))
 from _measure import PeakRSS, run_header, emit  # noqa: E402
 
 from agentrl.algos import ObjectiveSettings, policy_loss  # noqa: E402
-from agentrl.engine import fsdp_rank as planner_mod  # noqa: E402  (the module whose planner a rank calls)
-from agentrl.engine.learner import Learner, token_logprobs  # noqa: E402
-from agentrl.engine.microbatch import plan_microbatches  # noqa: E402
+from agentrl.engine.training import fsdp_rank as planner_mod  # noqa: E402  (the module whose planner a rank calls)
+from agentrl.engine.training.learner import Learner, token_logprobs  # noqa: E402
+from agentrl.engine.training.microbatch import plan_microbatches  # noqa: E402
 
 
 def make_batch(n: int, max_len: int, vocab: int, seed: int) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ def child(args: argparse.Namespace) -> None:
     import torch
     from learner import free_port, make_batch
 
-    from agentrl.engine.learner import Learner
+    from agentrl.engine.training.learner import Learner
 
     lora = {"rank": args.lora_rank, "alpha": 2.0 * args.lora_rank} if args.child == "lora" else None
     ln = Learner(

@@ -2,7 +2,7 @@
 
 For each concurrency level C, runs ``--episodes`` Calc-v0 episodes (model turns, code in the
 bubblewrap sandbox, interpreter output appended, next turn) through the engine's rollout path
-(``play_episode`` over :class:`~agentrl.engine.generator.VllmGenerator`), then, in the same process
+(``play_episode`` over :class:`~agentrl.engine.generation.generator.VllmGenerator`), then, in the same process
 and on the same engine(s), raw vLLM generation of exactly the same number of tokens per episode
 for the same prompts (one request each, ``ignore_eos``) at the same concurrency. Reports
 generated tokens/s of both and their ratio, median over ``--repeats``; also 1 vs 2 generators.
@@ -24,7 +24,7 @@ The model should be one that calls the tool (e.g. the SFT stage of ``recipes/tin
 so that episodes really are multi-turn.
 
 ``--stops ids strings`` runs the engine pass both ways: ``</code>`` also sent as a stop token id
-(what the engine does, :mod:`agentrl.engine.stops`), and as a stop string alone, which vLLM checks
+(what the engine does, :mod:`agentrl.engine.episodes.stops`), and as a stop string alone, which vLLM checks
 in its front end after the engine core has moved on.
 
 Every engine and raw pass also records how many cores the whole machine kept busy
@@ -173,7 +173,7 @@ class EnginePass:
 async def _engine_pass(
     gens: list[Any], tok: Any, rows: list[dict], concurrency: int, sandbox: Any, turn_tokens: int, turns: int, stop_ids: bool = True
 ) -> EnginePass:
-    from agentrl.engine.rollout import play_episode
+    from agentrl.engine.episodes.rollout import play_episode
     from agentrl.envs.calc import CalcEnv
 
     sem = asyncio.Semaphore(concurrency)
@@ -252,7 +252,7 @@ async def _raw_pass(gens: list[Any], prompts: list[list[int]], lengths: list[int
 async def main_async(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
     """Run every pass ``args`` asks for. Returns one dict per pass (see :func:`format_tables` for
     what it holds) and the (tool, stop) variants that were run."""
-    from agentrl.engine.generator import EngineSettings, VllmGenerator
+    from agentrl.engine.generation.generator import EngineSettings, VllmGenerator
     from agentrl.envs.data import load_rows
     from agentrl.models.loading import load_tokenizer
     from agentrl.sandbox import create_sandbox

@@ -115,7 +115,7 @@ class CalcRollout:
         self.loop.close()
 
     def __call__(self, prompts: list[list[dict[str, str]]], trainer: Any) -> dict[str, Any]:
-        from agentrl.engine.render import IncrementalRenderer
+        from agentrl.engine.episodes.render import IncrementalRenderer
         from agentrl.envs import make_env
 
         n = len(prompts)

@@ -53,8 +53,8 @@ def _medium(tiny: str, out: Path) -> str:
 async def _measure(model: str, repeats: int, scratch: Path) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
-    from agentrl.engine.generator import EngineSettings, VllmGenerator
-    from agentrl.engine.weight_transfer import (
+    from agentrl.engine.generation.generator import EngineSettings, VllmGenerator
+    from agentrl.engine.generation.weight_transfer import (
         LocalGeneratorClient,
         free_endpoint,
         model_source,
@@ -103,8 +103,8 @@ async def _measure_adapter(model: str, repeats: int, scratch: Path, rank: int) -
     """Adapter updates of rank ``rank`` into a LoRA engine: write, load, total (medians), MB."""
     from transformers import AutoModelForCausalLM
 
-    from agentrl.engine.generator import EngineSettings, VllmGenerator
-    from agentrl.engine.lora import (
+    from agentrl.engine.generation.generator import EngineSettings, VllmGenerator
+    from agentrl.engine.training.lora import (
         LoraSettings,
         adapter_tensors,
         apply_lora,

@@ -124,3 +124,67 @@ def test_import_agentrl_registers_the_builtin_envs_cheaply_in_a_fresh_interprete
     light = subprocess.run([sys.executable, "-c", "import sys, agentrl; print(sorted(m for m in ('torch', 'vllm', 'ray', 'transformers') if m in sys.modules))"],
                            capture_output=True, text=True, timeout=120)
     assert light.stdout.strip() == "[]", light.stdout + light.stderr
+
+
+# The engine's wings (docs/architecture.md) and what each may import of the engine. Dependencies
+# point one way: common <- generation <- training; common <- rewards <- episodes; the loop drives
+# generation and training; the run's plumbing at the top (engine/*.py) may import every wing.
+WING_IMPORTS = {
+    "common": set(),
+    "generation": {"common"},
+    "training": {"common", "generation"},
+    "rewards": {"common"},
+    "episodes": {"common", "rewards"},
+    "loop": {"common", "generation", "training"},
+}
+
+
+def wing_of(module: str) -> str | None:
+    """``agentrl.engine.<wing>.<module>``'s wing; "top" for the engine's own modules; None
+    outside the engine."""
+    parts = module.split(".")
+    if parts[:2] != ["agentrl", "engine"]:
+        return None
+    return parts[2] if len(parts) > 3 else "top"
+
+
+def wing_violations(g: dict[str, set[str]]) -> list[str]:
+    """Imports that break WING_IMPORTS: a wing reaching a wing it may not, the engine's top
+    included (the package's edges outside the engine, such as the CLI, may use any part)."""
+    out = []
+    for module, deps in sorted(g.items()):
+        here = wing_of(module)
+        if here in (None, "top"):
+            continue
+        for dep in sorted(deps):
+            there = wing_of(dep)
+            if there is None or there == here:
+                continue
+            if there not in WING_IMPORTS.get(here, set()):
+                out.append(f"{module} -> {dep} ({here} may import {sorted(WING_IMPORTS[here]) or 'no other wing'})")
+    return out
+
+
+def test_every_engine_module_lives_in_a_known_wing_or_the_top():
+    wings = {wing_of(m) for m in graph()} - {None, "top"}
+    assert wings == set(WING_IMPORTS)
+
+
+def test_each_wing_imports_only_the_wings_below_it():
+    assert wing_violations(graph()) == []
+
+
+def test_the_wing_rule_finds_an_arrow_that_points_up():
+    g = {"agentrl.engine.common.trajectory": {"agentrl.engine.loop.loop"},
+         "agentrl.engine.rewards.judge": {"agentrl.engine.episodes.rollout", "agentrl.engine.common.trajectory"},
+         "agentrl.engine.loop.loop": {"agentrl.engine.controller"},
+         "agentrl.engine.controller": {"agentrl.engine.loop.loop"}}
+    assert [v.split(" (")[0] for v in wing_violations(g)] == [
+        "agentrl.engine.common.trajectory -> agentrl.engine.loop.loop",
+        "agentrl.engine.loop.loop -> agentrl.engine.controller",
+        "agentrl.engine.rewards.judge -> agentrl.engine.episodes.rollout",
+    ]
+
+
+def test_the_recipe_layer_imports_nothing_of_the_engine():
+    assert sorted(d for d in graph()["agentrl.config"] if d.startswith("agentrl.engine")) == []

@@ -6,8 +6,8 @@ import pytest
 
 from agentrl.config import load_recipe
 from agentrl.engine import wiring
-from agentrl.engine.judge import JudgeSettings
-from agentrl.engine.scoring import RewardSettings
+from agentrl.engine.rewards.judge import JudgeSettings
+from agentrl.engine.rewards.scoring import RewardSettings
 from agentrl.errors import ConfigError
 
 MINIMAL = '[model]\npath = "some/model"\n'

@@ -5,9 +5,9 @@
 
 Each stage is another module's job (see docs/architecture.md for the map): the recipe becomes
 plain arguments in :mod:`~agentrl.engine.wiring`, actors are Ray's through
-:mod:`~agentrl.engine.cluster`, generators live in the :mod:`~agentrl.engine.fleet`, versions
-reach them through the :mod:`~agentrl.engine.publishing` publisher, the RL loop is
-:mod:`~agentrl.engine.loop` over the :mod:`~agentrl.engine.ledger` and the staleness queue.
+:mod:`~agentrl.engine.common.cluster`, generators live in the :mod:`~agentrl.engine.generation.fleet`, versions
+reach them through the :mod:`~agentrl.engine.loop.publishing` publisher, the RL loop is
+:mod:`~agentrl.engine.loop.loop` over the :mod:`~agentrl.engine.loop.ledger` and the staleness queue.
 """
 
 from __future__ import annotations
@@ -20,30 +20,30 @@ from typing import Any
 
 from agentrl.config import Recipe
 from agentrl.engine import wiring
-from agentrl.engine.checkpointing import RunCheckpointer
-from agentrl.engine.cluster import new_actor, shutdown_all, start_ray, stop_ray
-from agentrl.engine.critic_stage import CriticStage
-from agentrl.engine.evaluation import Evaluator
-from agentrl.engine.failover import LearnerFailover, run_with_failover
-from agentrl.engine.fleet import GeneratorFleet
-from agentrl.engine.learner_group import LearnerGroup
-from agentrl.engine.ledger import PromptLedger
-from agentrl.engine.loop import LoopHook, RLLoop
+from agentrl.engine.loop.checkpointing import RunCheckpointer
+from agentrl.engine.common.cluster import new_actor, shutdown_all, start_ray, stop_ray
+from agentrl.engine.loop.critic_stage import CriticStage
+from agentrl.engine.loop.evaluation import Evaluator
+from agentrl.engine.loop.failover import LearnerFailover, run_with_failover
+from agentrl.engine.generation.fleet import GeneratorFleet
+from agentrl.engine.training.learner_group import LearnerGroup
+from agentrl.engine.loop.ledger import PromptLedger
+from agentrl.engine.loop.loop import LoopHook, RLLoop
 from agentrl.engine.metrics import MetricsLogger
 from agentrl.engine.prepare import prepare_model
-from agentrl.engine.publishing import WeightPublisher
-from agentrl.engine.reward_actors import RewardActors, start_reward_actors
-from agentrl.engine.run_dir import RunDir
-from agentrl.engine.run_state import (
+from agentrl.engine.loop.publishing import WeightPublisher
+from agentrl.engine.rewards.reward_actors import RewardActors, start_reward_actors
+from agentrl.engine.common.run_dir import RunDir
+from agentrl.engine.loop.run_state import (
     RunState,
     latest_checkpoint,
     link_tree,
     read_state,
     truncate_logs,
 )
-from agentrl.engine.staleness import StalenessQueue
-from agentrl.engine.summary import RunSummary, write_summary
-from agentrl.engine.waits import timed
+from agentrl.engine.loop.staleness import StalenessQueue
+from agentrl.engine.common.summary import RunSummary, write_summary
+from agentrl.engine.common.waits import timed
 
 __all__ = ["Controller", "RunSummary"]
 
@@ -52,7 +52,7 @@ class Controller:
     """Runs one recipe to completion: ``Controller(recipe).run()``.
 
     ``hooks``: objects called at fixed points of the RL loop (see
-    :class:`~agentrl.engine.loop.LoopHook`; fault injection in tests)."""
+    :class:`~agentrl.engine.loop.loop.LoopHook`; fault injection in tests)."""
 
     def __init__(self, recipe: Recipe, *, hooks: Sequence[LoopHook] = ()) -> None:
         self.recipe = recipe
@@ -130,7 +130,7 @@ class Controller:
 
     async def _sft(self, learners: LearnerGroup, model: str, log: MetricsLogger) -> str:
         """The supervised warm-up; the folder of the warmed-up model."""
-        from agentrl.engine.sft_stage import run_sft
+        from agentrl.engine.loop.sft_stage import run_sft
 
         r = self.recipe
         c = r.sft
@@ -158,7 +158,7 @@ class Controller:
         """Start the generators (serving ``model`` as ``version``), (unless None) the learner
         ranks and the critic's together, then the rollout workers; a worker that cannot start (bad env,
         tokenizer, sandbox) is a clear error now, not a stream of lost groups later."""
-        from agentrl.engine.rollout import RolloutWorker
+        from agentrl.engine.episodes.rollout import RolloutWorker
 
         r = self.recipe
         learner_kwargs = wiring.learner_kwargs(r, model=model, tokenizer=tokenizer, run_dir=self.run_dir.root)
@@ -226,7 +226,7 @@ class Controller:
 
     # ------------------------------------------------------------------ the parts
     def _learner_group(self) -> LearnerGroup:
-        from agentrl.engine.learner import Learner
+        from agentrl.engine.training.learner import Learner
 
         lcfg = self.recipe.learner
         return self._rank_group(Learner, "learner", lcfg.num_ranks, lcfg.num_cpus, lcfg.num_gpus, lcfg.resources,
@@ -234,7 +234,7 @@ class Controller:
 
     def _critic_group(self) -> LearnerGroup:
         """PPO's critic ranks: their own torch.distributed group and placement."""
-        from agentrl.engine.critic import Critic
+        from agentrl.engine.training.critic import Critic
 
         c = self.recipe.critic_settings
         return self._rank_group(Critic, "critic", c.num_ranks, c.num_cpus, c.num_gpus, {}, c.cpu_affinity, c.timeout_s)
@@ -244,7 +244,7 @@ class Controller:
         cpus: list[int] | None, timeout_s: float,
     ) -> LearnerGroup:
         """A group of ``cls`` ranks (``<name>-<rank>`` logs), reserved together as one placement group."""
-        from agentrl.engine.placement import LearnerPlacement, learner_bundles
+        from agentrl.engine.training.placement import LearnerPlacement, learner_bundles
 
         logs = self.run_dir.logs
         wait_s = self.recipe.learner.placement_timeout_s

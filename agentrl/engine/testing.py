@@ -6,13 +6,13 @@ The seam is the actor *handle*: the engine calls ``handle.method.remote(*args)``
 result. :func:`local_actor` wraps any object so that its methods answer such calls in the event
 loop; :meth:`LocalActor.kill` makes every later call fail the way a dead Ray actor's does.
 
-- :class:`FakeGenerator` implements :class:`~agentrl.engine.interfaces.Generator`: it "generates"
+- :class:`FakeGenerator` implements :class:`~agentrl.engine.common.interfaces.Generator`: it "generates"
   a fixed number of tokens labelled with the version it serves.
 - :class:`FakeWorker` plays groups of one-turn episodes on its generators (reward from the row),
   and reports the episodes of a dead generator as infrastructure failures, as the real worker does.
 - :class:`FakeLearner` records what it trained; it writes version folders, checkpoints and
   exports as small marker files, so the run-directory logic is the real one.
-- Hooks for :class:`~agentrl.engine.loop.RLLoop`: :class:`KillGenerator`, :class:`KillLearner`.
+- Hooks for :class:`~agentrl.engine.loop.loop.RLLoop`: :class:`KillGenerator`, :class:`KillLearner`.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentrl.engine.cluster import kill
-from agentrl.engine.generator import GeneratorCounters
-from agentrl.engine.interfaces import Generation, Generator
-from agentrl.engine.run_dir import version_folder
-from agentrl.engine.trajectory import Trajectory
+from agentrl.engine.common.cluster import kill
+from agentrl.engine.generation.generator import GeneratorCounters
+from agentrl.engine.common.interfaces import Generation, Generator
+from agentrl.engine.common.run_dir import version_folder
+from agentrl.engine.common.trajectory import Trajectory
 
 __all__ = [
     "FakeActorDied",
@@ -388,14 +388,14 @@ class FakeRun:
 
         from rich.console import Console
 
-        from agentrl.engine.batching import BatchSettings
-        from agentrl.engine.fleet import GeneratorFleet
-        from agentrl.engine.generator import EngineSettings
-        from agentrl.engine.learner_group import LearnerGroup
-        from agentrl.engine.loop import LoopSettings
+        from agentrl.engine.loop.batching import BatchSettings
+        from agentrl.engine.generation.fleet import GeneratorFleet
+        from agentrl.engine.generation.generator import EngineSettings
+        from agentrl.engine.training.learner_group import LearnerGroup
+        from agentrl.engine.loop.loop import LoopSettings
         from agentrl.engine.metrics import MetricsLogger
-        from agentrl.engine.publishing import WeightPublisher
-        from agentrl.engine.run_dir import RunDir
+        from agentrl.engine.loop.publishing import WeightPublisher
+        from agentrl.engine.common.run_dir import RunDir
 
         self.run_dir = RunDir(Path(root))
         self.rows = rows
@@ -450,12 +450,12 @@ class FakeRun:
 
     async def run(self, state: Any = None) -> Any:
         """Start, then run the loop (with learner failover) from ``state``; the finished loop."""
-        from agentrl.engine.checkpointing import RunCheckpointer
-        from agentrl.engine.critic_stage import CriticStage, GaeSettings
-        from agentrl.engine.failover import LearnerFailover, run_with_failover
-        from agentrl.engine.ledger import PromptLedger
-        from agentrl.engine.loop import RLLoop
-        from agentrl.engine.staleness import StalenessQueue
+        from agentrl.engine.loop.checkpointing import RunCheckpointer
+        from agentrl.engine.loop.critic_stage import CriticStage, GaeSettings
+        from agentrl.engine.loop.failover import LearnerFailover, run_with_failover
+        from agentrl.engine.loop.ledger import PromptLedger
+        from agentrl.engine.loop.loop import RLLoop
+        from agentrl.engine.loop.staleness import StalenessQueue
 
         await self.start(state.version if state is not None else 0)
         if state is not None:

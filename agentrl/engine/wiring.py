@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agentrl.config import Recipe
-from agentrl.engine.audit import episodes_audit_path, learner_audit_path
-from agentrl.engine.batching import BatchSettings
-from agentrl.engine.critic_stage import GaeSettings
-from agentrl.engine.generator import EngineSettings
-from agentrl.engine.loop import LoopSettings
-from agentrl.engine.lora import LoraSettings, vllm_max_lora_rank
+from agentrl.engine.common.audit import episodes_audit_path, learner_audit_path
+from agentrl.engine.loop.batching import BatchSettings
+from agentrl.engine.loop.critic_stage import GaeSettings
+from agentrl.engine.generation.generator import EngineSettings
+from agentrl.engine.loop.loop import LoopSettings
+from agentrl.engine.training.lora import LoraSettings, vllm_max_lora_rank
 
 __all__ = [
     "ACTOR_ENV_VARS",
@@ -46,9 +46,9 @@ ACTOR_ENV_VARS: dict[str, str] = {"VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_P
 progress bars."""
 
 
-JOB_RUNTIME_ENV: dict[str, Any] = {"worker_process_setup_hook": "agentrl.engine.cluster.redirect_actor_output"}
+JOB_RUNTIME_ENV: dict[str, Any] = {"worker_process_setup_hook": "agentrl.engine.common.cluster.redirect_actor_output"}
 """The run's job-level Ray ``runtime_env``: every worker process runs
-:func:`agentrl.engine.cluster.redirect_actor_output` when it starts (Ray takes setup hooks at the
+:func:`agentrl.engine.common.cluster.redirect_actor_output` when it starts (Ray takes setup hooks at the
 job level only), which sends the output of actors given a log file to that file."""
 
 
@@ -57,7 +57,7 @@ def actor_runtime_env(log_dir: Path, name: str, cpus: list[int] | None = None) -
     ``rollout-0``): :data:`ACTOR_ENV_VARS`, its output (vLLM's, Ray's, transformers') appended to
     ``log_dir/<name>.log`` instead of the console, and its process pinned to ``cpus`` when given
     (both by the job's setup hook, :data:`JOB_RUNTIME_ENV`)."""
-    from agentrl.engine.cluster import ACTOR_CPUS_ENV, ACTOR_LOG_ENV
+    from agentrl.engine.common.cluster import ACTOR_CPUS_ENV, ACTOR_LOG_ENV
 
     env = {**ACTOR_ENV_VARS, ACTOR_LOG_ENV: str(Path(log_dir).resolve() / f"{name}.log")}
     if cpus:
@@ -89,7 +89,7 @@ def ray_init_kwargs(recipe: Recipe) -> dict[str, Any]:
 def learner_kwargs(
     recipe: Recipe, *, model: str, tokenizer: str | None, run_dir: Path, stage: Literal["rl", "sft"] = "rl"
 ) -> dict[str, Any]:
-    """Keyword arguments of every learner rank (:class:`agentrl.engine.learner.Learner`) except
+    """Keyword arguments of every learner rank (:class:`agentrl.engine.training.learner.Learner`) except
     ``rank``, ``world_size``, ``master_addr`` and ``master_port``.
 
     ``model``: the weights to start from (the initial model, or a checkpoint's weights on a
@@ -149,7 +149,7 @@ def learner_kwargs(
 
 
 def critic_kwargs(recipe: Recipe, *, model: str) -> dict[str, Any]:
-    """Keyword arguments of every critic rank (:class:`agentrl.engine.critic.Critic`) except
+    """Keyword arguments of every critic rank (:class:`agentrl.engine.training.critic.Critic`) except
     ``rank``, ``master_addr`` and ``master_port``; ``model``: the weights RL starts from, used
     when ``critic.model`` is not set."""
     r = recipe
@@ -206,7 +206,7 @@ def engine_settings(recipe: Recipe, *, model: str, tokenizer: str | None) -> Eng
 
 
 def worker_kwargs(recipe: Recipe, *, tokenizer: str, run_dir: Path) -> dict[str, Any]:
-    """Keyword arguments of every rollout worker (:class:`agentrl.engine.rollout.RolloutWorker`)
+    """Keyword arguments of every rollout worker (:class:`agentrl.engine.episodes.rollout.RolloutWorker`)
     except ``generators``."""
     r = recipe
     ro = r.rollout
@@ -265,12 +265,12 @@ def generator_actor(recipe: Recipe, settings: EngineSettings, version: int, inde
     g = recipe.generator
     runtime_env = actor_runtime_env(log_dir, f"generator-{index}", g.cpu_affinity)
     if g.backend == "http":
-        from agentrl.engine.http_generator import HttpGenerator
+        from agentrl.engine.generation.http_generator import HttpGenerator
 
         load = str(Path(settings.model).resolve()) if Path(settings.model).is_dir() else None
         return ActorSpec(HttpGenerator, {"num_cpus": 0.1, "runtime_env": runtime_env}, (g.urls[index],),
                          {"timeout_s": g.timeout_s, "version": version, "load": load})
-    from agentrl.engine.generator import VllmGenerator
+    from agentrl.engine.generation.generator import VllmGenerator
 
     options = {"num_cpus": g.num_cpus, "num_gpus": g.num_gpus, "resources": dict(g.resources) or None, "runtime_env": runtime_env}
     return ActorSpec(VllmGenerator, options, (settings,), {"timeout_s": g.timeout_s, "version": version})
@@ -299,7 +299,7 @@ def loop_settings(recipe: Recipe) -> LoopSettings:
 
 
 def ledger_kwargs(recipe: Recipe, num_rows: int) -> dict[str, Any]:
-    """Arguments of the run's :class:`~agentrl.engine.ledger.PromptLedger` over ``num_rows``
+    """Arguments of the run's :class:`~agentrl.engine.loop.ledger.PromptLedger` over ``num_rows``
     dataset rows: a run stops when more groups are lost in a row than four per rollout worker
     (plus four)."""
     return {"num_rows": num_rows, "group_size": recipe.rollout.group_size, "max_lost_in_a_row": 4 * recipe.rollout.num_workers + 4}
@@ -316,11 +316,11 @@ def lora_settings(recipe: Recipe) -> LoraSettings:
 
 def reward_kwargs(recipe: Recipe) -> dict[str, Any]:
     """The rollout workers' model-based reward arguments (``[reward]``; none when the reward is the
-    environment's alone): ``reward`` (:class:`~agentrl.engine.scoring.RewardSettings`), ``judge``
-    (:class:`~agentrl.engine.judge.JudgeSettings`) and ``judge_tokenizer`` (a separate judge
+    environment's alone): ``reward`` (:class:`~agentrl.engine.rewards.scoring.RewardSettings`), ``judge``
+    (:class:`~agentrl.engine.rewards.judge.JudgeSettings`) and ``judge_tokenizer`` (a separate judge
     model's). The actor handles (``judge_generators``, ``reward_model``) are the controller's."""
-    from agentrl.engine.judge import JudgeSettings
-    from agentrl.engine.scoring import RewardSettings
+    from agentrl.engine.rewards.judge import JudgeSettings
+    from agentrl.engine.rewards.scoring import RewardSettings
 
     rw = recipe.reward
     j, m = rw.judge, rw.model
@@ -353,7 +353,7 @@ def judge_actors(recipe: Recipe, log_dir: Path) -> list[ActorSpec]:
     ``log_dir/judge-<i>.log``."""
     from dataclasses import replace
 
-    from agentrl.engine.generator import VllmGenerator
+    from agentrl.engine.generation.generator import VllmGenerator
 
     j = recipe.reward.judge
     if j is None or j.model == "policy":
@@ -368,7 +368,7 @@ def judge_actors(recipe: Recipe, log_dir: Path) -> list[ActorSpec]:
 
 def reward_model_actor(recipe: Recipe, log_dir: Path) -> ActorSpec | None:
     """The reward model's server (None without ``[reward.model]``); output to ``log_dir/reward-model.log``."""
-    from agentrl.engine.reward_model import RewardModelServer
+    from agentrl.engine.rewards.reward_model import RewardModelServer
 
     m = recipe.reward.model
     if m is None:

@@ -1,7 +1,7 @@
 """Writing a model as a Hugging Face folder: the one format of published weight versions,
 SFT and final models, and checkpoint exports (transformers and vLLM load it unchanged).
 
-Used by the learner and by :mod:`agentrl.engine.checkpoint`; it imports nothing of agentrl.
+Used by the learner and by :mod:`agentrl.engine.training.checkpoint`; it imports nothing of agentrl.
 """
 
 from __future__ import annotations

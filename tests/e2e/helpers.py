@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from agentrl.cli import train_command
-from agentrl.engine.audit import episodes_audit_path, learner_audit_path, read_audit
+from agentrl.engine.common.audit import episodes_audit_path, learner_audit_path, read_audit
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,7 @@ AGENTRL_LINES = (
     # the progress line of every learner step off a terminal (agentrl.engine.metrics.MetricsLogger.step)
     r"step +\d+ v\d+ +reward -?\d+\.\d{3}  gen +\d+\.\d tok/s  train +\d+\.\d tok/s  queue +\d+  "
     r"staleness \{(\d+:\d+( \d+:\d+)*)?\}  infra \d+  t=\d+s(  \(judge/RM could not score \d+\))?",
-    # an evaluation (agentrl.engine.evaluation.Evaluator)
+    # an evaluation (agentrl.engine.loop.evaluation.Evaluator)
     r"eval v\d+: accuracy \d\.\d{3}  tool-call rate \d\.\d{3}  turns \d+\.\d{2}  \(\d+ episodes, \d+ s\)",
     # the last line of `agentrl train` (agentrl.cli)
     r"done: \d+ steps, weight version \d+, \d+ samples trained, \d+ dropped as stale, \d+ infra failures, "

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from agentrl.engine.audit import learner_audit_path, read_audit
+from agentrl.engine.common.audit import learner_audit_path, read_audit
 from tests.e2e.helpers import REPO, check_audit, kill_tree, train_cmd
 
 MAX_STEPS, BATCH, GROUP, STALENESS = 6, 8, 4, 1  # the overrides below; tiny_calc's group size and staleness bound

@@ -16,7 +16,7 @@ import subprocess
 import pytest
 import torch
 
-from agentrl.engine.render import IncrementalRenderer
+from agentrl.engine.episodes.render import IncrementalRenderer
 from agentrl.envs.data import load_rows
 from tests.e2e.direction_env import rewarded
 from tests.e2e.helpers import REPO, train_cmd

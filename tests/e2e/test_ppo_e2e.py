@@ -17,7 +17,7 @@ import tomllib
 import pytest
 
 from agentrl.cli import train_command
-from agentrl.engine.audit import episodes_audit_path, read_audit
+from agentrl.engine.common.audit import episodes_audit_path, read_audit
 from agentrl.envs.calc import as_int
 from agentrl.envs.parsers import extract_boxed
 from tests.e2e.helpers import REPO

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from agentrl.envs.base import TextEnv
-from tests.engine.test_learner_correctness import make_learner
+from tests.engine.training.test_learner_correctness import make_learner
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
@@ -90,9 +90,9 @@ def _mismatch(learner: Any, samples: list[dict[str, Any]]) -> tuple[float, float
 
 
 def test_smollm2_through_generation_learning_and_weight_updates(smol_model, tmp_path) -> None:
-    from agentrl.engine.generator import EngineSettings, VllmGenerator
-    from agentrl.engine.rollout import play_episode
-    from agentrl.engine.weight_transfer import LocalGeneratorClient, free_endpoint, model_source, trainer_connect
+    from agentrl.engine.generation.generator import EngineSettings, VllmGenerator
+    from agentrl.engine.episodes.rollout import play_episode
+    from agentrl.engine.generation.weight_transfer import LocalGeneratorClient, free_endpoint, model_source, trainer_connect
     from agentrl.models.loading import load_tokenizer
 
     tok = load_tokenizer(str(smol_model))

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from agentrl.engine.audit import episodes_audit_path, learner_audit_path, read_audit
+from agentrl.engine.common.audit import episodes_audit_path, learner_audit_path, read_audit
 
 from tests.e2e.helpers import REPO, fault_train_cmd, train_cmd
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from agentrl.config import validate_recipe
 from agentrl.engine import wiring
-from agentrl.engine.generator import VllmGenerator
-from agentrl.engine.http_generator import HttpGenerator
+from agentrl.engine.generation.generator import VllmGenerator
+from agentrl.engine.generation.http_generator import HttpGenerator
 
 
 def recipe(**sections):
@@ -58,7 +58,7 @@ def test_generator_actor_picks_the_backend(tmp_path):
     assert vllm.cls is VllmGenerator and vllm.options["num_cpus"] == 2 and vllm.kwargs["version"] == 3
     env = vllm.options["runtime_env"]
     assert env["env_vars"]["AGENTRL_ACTOR_LOG"] == str((tmp_path / "logs" / "generator-0.log").resolve())
-    assert wiring.ray_init_kwargs(recipe())["runtime_env"]["worker_process_setup_hook"] == "agentrl.engine.cluster.redirect_actor_output"
+    assert wiring.ray_init_kwargs(recipe())["runtime_env"]["worker_process_setup_hook"] == "agentrl.engine.common.cluster.redirect_actor_output"
     http = recipe(generator={"backend": "http", "urls": ["http://a:1", "http://b:2"]})
     spec = wiring.generator_actor(http, settings, 0, 1, tmp_path / "logs")
     assert spec.cls is HttpGenerator and spec.args == ("http://b:2",)

@@ -1,0 +1,7 @@
+"""Episodes: the rollout worker that plays them (environments, sandboxes, agents), the agent
+gateway and its OpenAI wire format, chat segments and their exact token sequences, incremental
+rendering with the chat template, and stop strings.
+
+Imports :mod:`agentrl.engine.common` and :mod:`agentrl.engine.rewards` (scoring a finished
+episode).
+"""

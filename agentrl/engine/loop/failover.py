@@ -1,0 +1,116 @@
+"""Learner failover: when a learner rank dies mid-run, restart the learner group from the newest
+checkpoint in the same process and go on.
+
+What a restart does, in order: stop waiting for a weight load in progress; kill every rank (the
+survivors are stuck in a collective with the dead one); leave the weight-transfer group (versions
+go through disk from now on); read the newest checkpoint's run state; drop the log records and
+weight folders of the steps after it (they are trained again); start the ranks on the
+checkpoint's weights and load its learner state; load the checkpoint's weights into the
+generators (version N again). The caller then rebuilds the ledger and the queue from the state:
+groups in flight or finished after the checkpoint are dropped and their prompts issued again, so
+none is lost and none is trained twice.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from agentrl.engine.generation.fleet import EventLog, GeneratorFleet
+from agentrl.engine.training.learner_group import LearnerGroup
+from agentrl.engine.loop.publishing import WeightPublisher
+from agentrl.engine.common.run_dir import RunDir
+from agentrl.engine.loop.run_state import (
+    RunState,
+    latest_checkpoint,
+    link_tree,
+    read_state,
+    truncate_logs,
+)
+from agentrl.errors import LearnerDied, LearnerError
+
+__all__ = ["LearnerFailover", "run_with_failover"]
+
+
+class LearnerFailover:
+    """Restarts ``learners`` from the newest checkpoint of ``run_dir`` at most ``max_restarts``
+    times. ``learner_kwargs(model)`` gives the ranks' arguments to start from the weights folder
+    ``model``. ``critic``: PPO's critic group, rewound to the checkpoint's critic state with the
+    learner (None: no critic)."""
+
+    def __init__(
+        self, *, run_dir: RunDir, learners: LearnerGroup, fleet: GeneratorFleet, publisher: WeightPublisher,
+        learner_kwargs: Callable[[str], dict[str, Any]], max_restarts: int, log: EventLog,
+        critic: LearnerGroup | None = None,
+    ) -> None:
+        self.run_dir = run_dir
+        self.learners = learners
+        self.critic = critic
+        self.fleet = fleet
+        self.publisher = publisher
+        self.learner_kwargs = learner_kwargs
+        self.max_restarts = max_restarts
+        self.log = log
+        self.restarts = 0
+        """Restarts done so far."""
+
+    async def recover(self, died: LearnerDied) -> RunState:
+        """Restart the learner after ``died``; the run state to go on from. Raises LearnerError
+        (naming the rank, how it died, the newest checkpoint and how to resume) when there is
+        no checkpoint or the restarts are spent."""
+        ckpt = latest_checkpoint(self.run_dir.root)
+        self.fleet.cancel_reload()
+        self.learners.kill()
+        if ckpt is None:
+            raise LearnerError(
+                f"{died}; there is no checkpoint to restart it from (set checkpoint.every_steps so that a run "
+                f"survives this); rerunning the same `agentrl train` command starts the run again"
+            ) from died
+        if self.restarts >= self.max_restarts:
+            raise LearnerError(
+                f"{died}; the learner was already restarted {self.restarts} time(s) (learner.max_restarts = "
+                f"{self.max_restarts}); the newest checkpoint is {ckpt}: rerunning the same `agentrl train` command "
+                "resumes from it"
+            ) from died
+        self.restarts += 1
+        state = read_state(ckpt)
+        self.log.event(
+            f"{died}; restarting the learner from checkpoint {ckpt.name} (restart {self.restarts} of {self.max_restarts})",
+            learner_restarts=1, step=state.version,
+        )
+        self.publisher.transfer_lost("the learner restarted")
+        truncate_logs(self.run_dir.root, state.version)
+        self._rewind_versions(state.version, ckpt / "weights")
+        await self.learners.start(self.learner_kwargs(str(ckpt / "weights")), what="restarting the learner")
+        await self.learners.call("load_checkpoint", str(ckpt / "learner"), what="loading the learner checkpoint")
+        if self.critic is not None and (ckpt / "critic").is_dir():  # the critic goes back to the same step
+            await self.critic.call("load_checkpoint", str(ckpt / "critic"), what="loading the critic checkpoint")
+        folder = self.run_dir.weights_version(state.version)
+        await self.fleet.load(state.version, folder)
+        self.fleet.published_version = state.version
+        self.log.event(f"learner restarted at version {state.version}; generators serve it again", step=state.version)
+        return state
+
+    def _rewind_versions(self, version: int, weights: Path) -> None:
+        """Drop published folders newer than ``version``; put the checkpoint's ``weights`` back as
+        version ``version`` when it was pruned (replacement generators start from it)."""
+        for v in self.run_dir.versions_on_disk():
+            if v > version:
+                shutil.rmtree(self.run_dir.weights_version(v), ignore_errors=True)
+        folder = self.run_dir.weights_version(version)
+        if version > 0 and not folder.exists():
+            link_tree(weights, folder)
+
+
+async def run_with_failover(run: Callable[[RunState | None], Awaitable[Any]], failover: LearnerFailover | None, state: RunState | None) -> Any:
+    """``await run(state)``; when a learner rank dies and ``failover`` can restart it, run again
+    from the state it recovered (and so on); without ``failover`` the death propagates."""
+    while True:
+        try:
+            return await run(state)
+        except LearnerDied as died:
+            if failover is None:
+                raise
+            state = await failover.recover(died)

@@ -1,0 +1,318 @@
+"""The RL loop: admit → route → wait → train, until ``max_steps`` learner steps.
+
+One round: take a weight version the generators finished loading into account; issue prompts
+while the staleness window admits them (each group goes to the next rollout worker); start a
+learner step when a batch is ready and the learner is free; wait for whatever finishes first (a
+group, the step, a load). A finished group is queued, or its prompt re-issued or abandoned by
+the :class:`~agentrl.engine.loop.ledger.PromptLedger`; a finished step is logged, checkpointed and
+evaluated on schedule.
+
+Everything the loop touches is injected: the queue, the ledger, the fleet, the publisher, the
+learner group, a clock and *hooks* — objects whose ``on_round(loop)`` and ``after_step(loop)``
+run at those points (fault injection in tests, see :mod:`agentrl.engine.testing`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agentrl.engine.loop.batching import BatchSettings, batch_samples, staleness_histogram
+from agentrl.engine.loop.critic_stage import CriticStage
+from agentrl.engine.loop.degenerate import diagnose_step
+from agentrl.engine.generation.fleet import GeneratorFleet
+from agentrl.engine.training.learner_group import LearnerGroup
+from agentrl.engine.loop.ledger import Outcome, PromptLedger
+from agentrl.engine.loop.publishing import WeightPublisher
+from agentrl.engine.common.run_dir import RunDir
+from agentrl.engine.loop.run_state import RunState
+from agentrl.engine.loop.staleness import StalenessQueue
+from agentrl.engine.common.trajectory import Trajectory
+from agentrl.engine.common.waits import timed
+from agentrl.errors import AgentRLError, DegenerateRun, TimeoutError_
+
+__all__ = ["LoopHook", "LoopSettings", "RLLoop"]
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """The loop's numbers (from the recipe, by :mod:`agentrl.engine.wiring`)."""
+
+    max_steps: int
+    """Learner steps to reach (the loop ends at this version)."""
+    group_size: int
+    """Episodes per prompt."""
+    episode_timeout_s: float
+    """Longest wait for one group of episodes."""
+    stuck_timeout_s: float
+    """Longest wait for *anything* to finish in one round (a last guard: every wait has its own)."""
+    checkpoint_every: int = 0
+    """Checkpoint after every this many steps (0: never)."""
+    eval_every: int = 0
+    """Evaluate after every this many steps (0: never)."""
+    max_degenerate_steps: int = 0
+    """Stop the run after this many degenerate steps in a row (:mod:`agentrl.engine.loop.degenerate`; 0: never)."""
+    max_episode_tokens: int | None = None
+    """The episode token limit, named in the words of a degenerate step."""
+
+
+class LoopHook(Protocol):
+    """Code run at fixed points of the loop (fault injection, instrumentation)."""
+
+    async def on_round(self, loop: RLLoop) -> None:
+        """After admission, before waiting, every round."""
+
+    async def after_step(self, loop: RLLoop) -> None:
+        """After a learner step was logged (and checkpointed, evaluated on schedule)."""
+
+
+class Evaluation(Protocol):
+    """Evaluates the generators' current weights (``agentrl.engine.loop.evaluation.Evaluator``)."""
+
+    records: list[dict[str, Any]]
+
+    async def __call__(self, version: int) -> dict[str, Any]: ...
+
+
+class RLLoop:
+    """Turns the loop from ``version`` to ``settings.max_steps``: ``await RLLoop(...).run()``.
+
+    ``rows``: the dataset; ``log``: a MetricsLogger; ``checkpoint``: writes a checkpoint of a
+    :class:`RunState` (None: never); ``evaluate``: an evaluation (None: never); ``clock``: seconds,
+    monotonic (for throughput and utilisation); ``critic``: PPO's critic (per-token GAE
+    advantages, trained beside the policy; None: the batch estimator ``batch.advantage``)."""
+
+    def __init__(
+        self, *, rows: Sequence[dict[str, Any]], queue: StalenessQueue, ledger: PromptLedger, fleet: GeneratorFleet,
+        publisher: WeightPublisher, learners: LearnerGroup, batch: BatchSettings, settings: LoopSettings, log: Any,
+        run_dir: RunDir, checkpoint: Callable[[RunState], Awaitable[Any]] | None = None, evaluate: Evaluation | None = None,
+        version: int = 0, clock: Callable[[], float] = time.monotonic, hooks: Sequence[LoopHook] = (),
+        critic: CriticStage | None = None,
+    ) -> None:
+        self.rows = rows
+        self.queue = queue
+        self.ledger = ledger
+        self.fleet = fleet
+        self.publisher = publisher
+        self.learners = learners
+        self.critic = critic
+        self.batch = batch
+        self.settings = settings
+        self.log = log
+        self.run_dir = run_dir
+        self.checkpoint = checkpoint
+        self.evaluate = evaluate
+        self.version = version
+        """The learner's weight version (= learner steps done)."""
+        self.clock = clock
+        self.hooks = list(hooks)
+        self.pending: dict[asyncio.Future, int] = {}
+        """Groups in flight: future → ledger key."""
+        self.learner_busy_s = 0.0
+        self.degenerate_in_a_row = 0
+        """Degenerate steps (:mod:`agentrl.engine.loop.degenerate`) in a row, up to now."""
+        """Seconds the learner spent training and publishing."""
+        self._tickets = itertools.count()
+        self._worker_turn = itertools.count()
+        self._train_task: asyncio.Future | None = None
+        self._training_prompts: list[int] = []
+        self._t_start = 0.0
+        self._gen_tokens_at_start = 0
+
+    # ------------------------------------------------------------------ the loop
+    async def run(self) -> int:
+        """Run to ``max_steps``; the final version. Groups still in flight are cancelled when it
+        returns or raises; a background load is waited for on success."""
+        s = self.settings
+        await self.fleet.mark_busy()
+        self._t_start = self.clock()
+        self._gen_tokens_at_start = self.ledger.gen_tokens
+        self.log.event(f"RL loop started at version {self.version}", loop_start=True, step=self.version)
+        try:
+            while self.version < s.max_steps:
+                loaded = self.fleet.loaded_version()
+                if loaded is not None and self.queue.served_version < loaded:
+                    self.queue.serve(loaded)  # the generators serve it: admit more samples
+                self._admit()
+                for hook in self.hooks:
+                    await hook.on_round(self)
+                if self._train_task is None and self.queue.ready():
+                    batch = self.queue.take_batch()  # in prompt order: reproducible updates
+                    self._training_prompts = [g[0].prompt_index for g in batch if g]
+                    self._train_task = asyncio.ensure_future(self._train(batch, self.version))
+                await self._wait_round()
+        finally:
+            self._abandon_in_flight()
+        await self.fleet.finish_reload()  # the final evaluation runs on the final weights
+        await self._log_utilisation()
+        return self.version
+
+    def _admit(self) -> None:
+        """Issue prompts while the staleness window admits a group."""
+        workers = self.fleet.workers
+        while self.queue.can_start() and self.ledger.has_next():
+            key = next(self._tickets)
+            idx, gid = self.ledger.issue(key)
+            row = self.rows[self.ledger.row_index(idx)]
+            worker = workers[next(self._worker_turn) % len(workers)]
+            fut = asyncio.ensure_future(
+                timed(worker.run_group.remote(row, idx, gid, self.settings.group_size), self.settings.episode_timeout_s, f"group {gid}")
+            )
+            self.pending[fut] = key
+            self.queue.mark_started()
+
+    async def _wait_round(self) -> None:
+        reload = self.fleet.reload
+        loading = reload.task if reload is not None and not reload.task.done() else None
+        waiting = set(self.pending) | ({self._train_task} if self._train_task else set()) | ({loading} if loading else set())
+        if not waiting:
+            raise AgentRLError("nothing to wait for: no prompts left and no batch ready")
+        limit = self.settings.stuck_timeout_s
+        done, _ = await asyncio.wait(waiting, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+        if not done:
+            raise TimeoutError_(f"no episode group and no learner step finished within {limit:.0f} s")
+        for fut in done:
+            if fut is loading:  # served at the top of the next round
+                continue
+            if fut is self._train_task:
+                self._train_task = None
+                await self._step_done(fut.result())  # a learner/generator failure stops the run loudly
+            else:
+                await self._group_done(fut)
+
+    def _abandon_in_flight(self) -> None:
+        for fut in [*self.pending, *([self._train_task] if self._train_task else [])]:
+            if not fut.done():
+                fut.cancel()
+        self._train_task = None
+
+    # ------------------------------------------------------------------ groups
+    async def _group_done(self, fut: asyncio.Future) -> None:
+        key = self.pending.pop(fut)
+        error = ""
+        try:
+            group: list[Trajectory] = fut.result()
+        except Exception as exc:  # noqa: BLE001 - a worker died or timed out: the group is lost
+            group, error = [], f"{type(exc).__name__}: {exc}"
+        failed = [t for t in group if not t.trainable]
+        if not group or any("GeneratorError" in t.info.get("error", "") for t in failed):
+            await self.fleet.heal(self.version)
+        if failed:  # the first failure of the group, with its error (an agent's traceback), for reading
+            t = failed[0]
+            with self.run_dir.samples.open("a") as f:
+                f.write(json.dumps({"version": self.version, "group_id": t.group_id, "sample": t.sample_index,
+                                    "reward": t.reward, "status": t.status, "error": t.info.get("error", ""),
+                                    "text": t.info.get("text", ""), "spans": t.info.get("spans", [])}) + "\n")
+        outcome = self.ledger.finish(key, group, error)
+        if outcome is Outcome.QUEUED:
+            self.queue.put(group)
+            return
+        # nothing of it can be trained: the prompt goes round again rather than filling a batch
+        # slot with an empty group, a bounded number of times
+        self.queue.mark_lost(self.settings.group_size)
+        what = "re-issued" if outcome is Outcome.RETRY else "abandoned"
+        self.log.event(f"{self.ledger.last_error}; {what}")
+
+    # ------------------------------------------------------------------ steps
+    async def _train(self, batch: list[list[Trajectory]], version: int) -> dict[str, Any]:
+        """Train on ``batch`` with the learner at ``version``; publish ``version + 1`` (over disk
+        the generators are still loading it when this returns)."""
+        hist = staleness_histogram(batch, version)
+        samples, stats = batch_samples(batch, self.batch)
+        t0 = self.clock()
+        what = f"learner step {version + 1}"
+        if self.critic is None:
+            results = await self.learners.call("train_step", samples, what=what)
+        else:
+            samples, gae_stats = await self.critic.advantages(samples, version)
+            policy = (self.learners.call("hold_step", what=what) if self.critic.policy_frozen(version)
+                      else self.learners.call("train_step", samples, what=what))
+            results, critic_stats = await asyncio.gather(policy, self.critic.train(samples, version))
+            stats.update(gae_stats, **critic_stats)
+        train_s = self.clock() - t0
+        new_version = version + 1
+        stalls = await self.publisher.publish(new_version)
+        learner_busy_s = self.clock() - t0  # training + publishing
+        m = results[0]
+        examples = [
+            {"group_id": t.group_id, "sample": t.sample_index, "reward": t.reward, "status": t.status, "text": t.info.get("text", ""),
+             "spans": t.info.get("spans", []), "turns": t.metrics.get("turns", 0), **({"error": t.info["error"]} if t.info.get("error") else {})}
+            for t in [g[0] for g in batch[:2] if g]  # the first episode of two groups: the ones decoded for reading
+        ] if batch else []
+        return {
+            "_examples": examples,
+            **stats,
+            **{k: v for k, v in m.items() if k != "step"},
+            "staleness_hist": hist,
+            "train_tokens_per_s": m["trained_tokens"] / max(1e-9, train_s),
+            "publish_s": learner_busy_s - train_s,
+            "update_stall_s": max(stalls) if stalls else 0.0,
+            "learner_busy_s": learner_busy_s,
+            "version": new_version,
+        }
+
+    async def _step_done(self, stats: dict[str, Any]) -> None:
+        s = self.settings
+        self.version = version = stats["version"]
+        self.learner_busy_s += stats["learner_busy_s"]
+        examples = stats.pop("_examples", [])
+        self.queue.mark_trained(stats["samples_trained"])
+        problem = diagnose_step(stats, max_episode_tokens=s.max_episode_tokens)
+        self.degenerate_in_a_row = self.degenerate_in_a_row + 1 if problem else 0
+        if problem:
+            self.log.warning(f"step {version} is degenerate: {problem}", degenerate=problem, step=version)
+        with self.run_dir.samples.open("a") as f:  # a few decoded episodes, for reading
+            for ex in examples:
+                f.write(json.dumps({"version": version, **ex}) + "\n")
+        self.queue.advance(version, served=self.fleet.reload is None)
+        with self.run_dir.trained.open("a") as f:
+            f.write(json.dumps({"step": version, "prompts": self._training_prompts}) + "\n")
+        ledger = self.ledger
+        self.log.step(
+            step=version,
+            **stats,
+            gen_tokens_per_s=(ledger.gen_tokens - self._gen_tokens_at_start) / max(1e-9, self.clock() - self._t_start),
+            queue_depth=len(self.queue),
+            started=self.queue.stats.started,
+            dropped_stale=self.queue.stats.dropped_stale,
+            infra_failures=ledger.infra_failures,
+            agent_failures=ledger.agent_failures,
+            prompt_cursor=ledger.cursor,
+            degenerate=1.0 if problem else 0.0,
+        )
+        if problem and s.max_degenerate_steps and self.degenerate_in_a_row >= s.max_degenerate_steps:
+            raise DegenerateRun(
+                f"stopped after {self.degenerate_in_a_row} degenerate steps in a row (learner.max_degenerate_steps="
+                f"{s.max_degenerate_steps}, 0 never stops): {problem}"
+            )
+        if self.checkpoint is not None and s.checkpoint_every and version % s.checkpoint_every == 0 and version < s.max_steps:
+            await self.checkpoint(self.snapshot())
+        if self.evaluate is not None and s.eval_every and version % s.eval_every == 0 and version < s.max_steps:
+            await self.fleet.finish_reload()  # evaluate the new version, not the one before
+            self.queue.serve(version)
+            await self.evaluate(version)
+        for hook in self.hooks:
+            await hook.after_step(self)
+
+    def snapshot(self) -> RunState:
+        """The run state now (between steps): what a checkpoint stores."""
+        records = self.evaluate.records if self.evaluate is not None else []
+        return self.ledger.snapshot(self.version, self.queue, records)
+
+    async def _log_utilisation(self) -> None:
+        """Log the ``utilisation`` record of the loop: the fraction of its wall-clock each
+        generator had a request in flight and the learner was training or publishing."""
+        wall_s = self.clock() - self._t_start
+        gen = await self.fleet.busy_fractions(wall_s)
+        self.log.log(
+            "utilisation",
+            rl_wall_s=wall_s,
+            learner_busy_fraction=min(1.0, self.learner_busy_s / max(1e-9, wall_s)),
+            generator_busy_fraction=sum(gen) / len(gen) if gen else float("nan"),
+            generator_busy_fractions=gen,
+        )

@@ -1,0 +1,51 @@
+"""The supervised warm-up stage: the learner ranks on demonstrations, before RL."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from agentrl.engine.training.learner_group import LearnerGroup
+from agentrl.engine.training.sft import encode_chat, load_conversations
+
+__all__ = ["run_sft"]
+
+
+async def run_sft(
+    learners: LearnerGroup, learner_kwargs: dict[str, Any], *, model: str, out: Path, source: str, num_examples: int,
+    steps: int, batch_size: int, seed: int, log: Any,
+) -> str:
+    """Train ``steps`` steps of ``batch_size`` conversations drawn from ``num_examples`` of
+    ``source`` on ``model``; write the result to ``out`` and return it. ``out`` already holding a
+    model (a resumed run) skips the stage. ``learners`` is started with ``learner_kwargs`` and
+    stopped at the end; ``log`` is a MetricsLogger."""
+    from agentrl.models.loading import load_tokenizer
+
+    if (out / "config.json").exists():
+        log.event(f"SFT stage already done: {out}")
+        return str(out)
+    tok = load_tokenizer(model)
+    samples = [encode_chat(tok, c) for c in load_conversations(source, num_examples, seed)]
+    await learners.start(learner_kwargs, what="SFT learner set-up")
+    log.event(f"SFT: {steps} steps x {batch_size} of {len(samples)} conversations from {source}")
+    rng = random.Random(seed)
+    t0 = time.monotonic()
+    tokens = 0.0
+    for step in range(1, steps + 1):
+        batch = rng.sample(samples, min(batch_size, len(samples)))
+        res = await learners.call("sft_step", batch, what=f"SFT step {step}")
+        tokens += res[0]["trained_tokens"]
+        if step % 25 == 0 or step == steps:
+            m = res[0]
+            rec = log.log("sft", step=step, **m, elapsed_s=time.monotonic() - t0)
+            log.console.print(
+                f"sft {step:>5}/{steps}  loss {m['sft_loss']:.4f}  lr {m['lr']:.2e}  "
+                f"{tokens / max(1e-9, time.monotonic() - t0):.0f} trained tok/s  t={rec['time']:.0f}s"
+            )
+    # a LoRA warm-up is written merged: RL starts from a whole model (with a fresh adapter)
+    await learners.call("publish", str(out), True, merged=True, what="writing the SFT model")
+    await learners.stop()
+    log.event(f"SFT done in {time.monotonic() - t0:.0f} s: {out}")
+    return str(out)

@@ -1,0 +1,160 @@
+"""Staleness-bounded queue between rollout and learner.
+
+Two rules make "no sample older than ``max_staleness`` versions is ever trained" hold:
+
+* Admission: a new sample may start only while
+  ``started + n <= (min(learner_version, served_version) + max_staleness + 1) * batch_size``,
+  where ``served_version`` is the version every generator serves: while a new version is still
+  loading (the learner goes on training meanwhile), new samples would be written by the one
+  before it, so the window waits for the load.
+* Check at training time: a sample whose oldest token is more than ``max_staleness`` versions
+  behind the learner is dropped (counted as ``dropped_stale``), never trained.
+
+Groups travel together: they are admitted, queued and batched as a unit.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from agentrl.engine.common.trajectory import Trajectory
+
+
+@dataclass
+class QueueStats:
+    """Counters of the queue since the start of the run (samples, not groups)."""
+
+    started: int = 0
+    finished: int = 0
+    trained: int = 0
+    """Samples that reached the loss with at least one trained token (:meth:`StalenessQueue.mark_trained`)."""
+    taken: int = 0
+    """Samples taken for training in batches (trained or not: infrastructure failures, samples
+    with no generated token, groups filtered out)."""
+    dropped_stale: int = 0
+    dropped_infra: int = 0
+    dropped_prompts: list[int] = field(default_factory=list)
+    """Prompt indices of groups dropped as over-stale (never trained)."""
+
+
+class StalenessQueue:
+    """Admission control and batching of finished groups, for one learner.
+
+    ``batch_size`` is in samples; every group holds ``group_size`` samples.
+    The queue holds finished groups in arrival order; its length is bounded by admission control
+    (at most ``(max_staleness + 1) * batch_size`` samples exist beyond what has been trained).
+    """
+
+    def __init__(self, *, batch_size: int, group_size: int, max_staleness: int) -> None:
+        if batch_size % group_size:
+            raise ValueError(f"batch_size {batch_size} is not a multiple of group_size {group_size}")
+        self.batch_size = batch_size
+        self.group_size = group_size
+        self.max_staleness = max_staleness
+        self.learner_version = 0
+        self.served_version = 0
+        """The weight version every generator serves (see :meth:`serve`)."""
+        self.stats = QueueStats()
+        self._groups: deque[list[Trajectory]] = deque()
+
+    # --- admission -------------------------------------------------------------------------
+    def can_start(self, n: int | None = None) -> bool:
+        """Whether ``n`` more samples (default: one group) may start now."""
+        n = self.group_size if n is None else n
+        limit = (min(self.learner_version, self.served_version) + self.max_staleness + 1) * self.batch_size
+        return self.stats.started + n <= limit
+
+    def mark_started(self, n: int | None = None) -> None:
+        """Record that ``n`` samples (default: one group) started."""
+        self.stats.started += self.group_size if n is None else n
+
+    def mark_trained(self, n: int) -> None:
+        """Record that ``n`` samples of a batch reached the loss with at least one trained token."""
+        self.stats.trained += n
+
+    def mark_lost(self, n: int) -> None:
+        """Give back admission for ``n`` samples that started but produced nothing (re-issued)."""
+        self.stats.started -= n
+
+    # --- finished groups -------------------------------------------------------------------
+    def put(self, group: list[Trajectory]) -> None:
+        """Add a finished group."""
+        self.stats.finished += len(group)
+        self._groups.append(group)
+
+    def waiting(self) -> list[list[Trajectory]]:
+        """The finished groups waiting to be trained, in arrival order (a copy)."""
+        return list(self._groups)
+
+    def restore(self, groups: list[list[Trajectory]], stats: QueueStats, version: int) -> None:
+        """Put the queue back as a checkpoint left it: ``groups`` waiting, counters ``stats``, the
+        learner (and generators) at ``version``."""
+        self._groups = deque(groups)
+        self.stats = stats
+        self.advance(version)
+
+    def __len__(self) -> int:
+        """Samples waiting."""
+        return sum(len(g) for g in self._groups)
+
+    def staleness(self, traj: Trajectory) -> int:
+        """Versions between the learner now and the oldest token of ``traj`` (0 if it wrote none)."""
+        oldest = traj.oldest_version
+        return 0 if oldest is None else self.learner_version - oldest
+
+    def _prune(self) -> None:
+        """Drop groups holding any over-stale sample (a group is trained whole or not at all)."""
+        kept: deque[list[Trajectory]] = deque()
+        for group in self._groups:
+            if any(self.staleness(t) > self.max_staleness for t in group):
+                self.stats.dropped_stale += len(group)
+                self.stats.dropped_prompts.append(group[0].prompt_index)
+            else:
+                kept.append(group)
+        self._groups = kept
+
+    def ready(self) -> bool:
+        """Whether a full batch of fresh-enough samples is waiting."""
+        self._prune()
+        return len(self) >= self.batch_size
+
+    def take_batch(self) -> list[list[Trajectory]]:
+        """Remove and return ``batch_size`` samples as whole groups (call ``ready()`` first).
+
+        The stalest groups are taken first (oldest token version, then arrival order): a slow
+        episode that finished late is trained before it ages past the bound, instead of being
+        dropped. The batch comes back in prompt order, each group in sample order, whatever order
+        the groups finished in: the same groups always make the same (bit-identical) update.
+        """
+        self._prune()
+
+        def age(item: tuple[int, list[Trajectory]]) -> tuple[int, int]:
+            i, group = item
+            oldest = [t.oldest_version for t in group if t.oldest_version is not None]
+            return (min(oldest) if oldest else self.learner_version, i)
+
+        order = [g for _, g in sorted(enumerate(self._groups), key=age)]
+        batch: list[list[Trajectory]] = []
+        n = 0
+        while order and n < self.batch_size:
+            group = order.pop(0)
+            batch.append(group)
+            n += len(group)
+        self._groups = deque(order)
+        self.stats.taken += n
+        return sorted(
+            (sorted(g, key=lambda t: t.sample_index) for g in batch),
+            key=lambda g: g[0].prompt_index if g else -1,
+        )
+
+    def advance(self, version: int, served: bool = True) -> None:
+        """The learner now holds weights ``version`` (ages the queue; admits more samples once the
+        generators serve it too). ``served``: the generators already serve it (the default)."""
+        self.learner_version = version
+        if served:
+            self.serve(version)
+
+    def serve(self, version: int) -> None:
+        """Every generator now serves weights ``version`` (admits more samples)."""
+        self.served_version = max(self.served_version, version)

@@ -1,0 +1,77 @@
+"""How a batch of token rows is cut for training: mini-batches (one optimizer update each) and,
+inside each, micro-batches of a bounded number of padded tokens (one forward/backward pass each).
+
+Shared by every FSDP rank (:mod:`agentrl.engine.training.fsdp_rank`): the learner and the critic plan their
+work with the same two functions, so both ranks of a group always agree on the plan.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["plan_microbatches", "split_minibatches"]
+
+
+def split_minibatches(n: int, updates: int) -> list[list[int]]:
+    """Split sample indices ``0..n-1`` into ``min(updates, n)`` (at least one) contiguous,
+    near-equal parts: one optimizer update each. ``split_minibatches(5, 2)`` is
+    ``[[0, 1], [2, 3, 4]]``; with ``n = 0`` it is one empty part."""
+    k = max(1, min(updates, n))
+    bounds = [round(i * n / k) for i in range(k + 1)]
+    return [list(range(bounds[i], bounds[i + 1])) for i in range(k)]
+
+
+def plan_microbatches(
+    lengths: list[int], token_budget: int, world_size: int, *, overhead_tokens: int | None = None
+) -> list[list[int]]:
+    """Group sample indices into micro-batches of at most ``token_budget`` padded tokens.
+
+    A micro-batch pads its samples to its longest one, so it costs ``longest * count`` token
+    slots; each micro-batch also has a fixed cost (kernel launches, FSDP's parameter
+    all-gathers), counted as ``overhead_tokens`` slots (default ``token_budget // 64``). With the
+    samples sorted by length (longest first), the partition into contiguous runs that minimises
+    ``sum(longest * count) + overhead_tokens * micro_batches`` under the budget is found by
+    dynamic programming: few micro-batches *and* little padding (a greedy fill pads more for
+    the same count). A sample longer than the budget gets a micro-batch of its own.
+
+    When the number of micro-batches is not a multiple of ``world_size`` (every rank must run
+    the same number of forward/backward passes: FSDP collectives must match), the costliest
+    multi-sample micro-batches are split in two; only if that is impossible are empty
+    micro-batches added. The plan is ordered by cost, descending. Every rank computes the same
+    plan; rank ``r`` runs micro-batches ``r, r + world_size, ...``.
+    """
+    if token_budget <= 0 or world_size <= 0:
+        raise ValueError(f"token_budget ({token_budget}) and world_size ({world_size}) must be positive")
+    overhead = token_budget // 64 if overhead_tokens is None else overhead_tokens
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    sorted_len = np.array([lengths[i] for i in order], dtype=np.float64)
+    n = len(order)
+    best = np.zeros(n + 1)  # best[j]: cheapest plan of the j longest samples
+    cut = np.zeros(n + 1, dtype=np.int64)
+    lo = 0  # smallest start i such that samples i..j-1 fit the budget; never moves left as j grows
+    for j in range(1, n + 1):
+        while lo < j - 1 and sorted_len[lo] * (j - lo) > token_budget:
+            lo += 1
+        starts = np.arange(lo, j)  # last micro-batch = sorted samples i..j-1, longest sorted_len[i]
+        costs = best[lo:j] + sorted_len[lo:j] * (j - starts) + overhead
+        k = int(np.argmin(costs))
+        best[j], cut[j] = costs[k], lo + k
+    plan: list[list[int]] = []
+    j = n
+    while j > 0:
+        plan.append(order[int(cut[j]) : j])
+        j = int(cut[j])
+
+    def cost(mb: list[int]) -> int:
+        return max((lengths[i] for i in mb), default=0) * len(mb)
+
+    while len(plan) % world_size:
+        splittable = [k for k, mb in enumerate(plan) if len(mb) > 1]
+        if not splittable:
+            break
+        mb = plan.pop(max(splittable, key=lambda k: cost(plan[k])))
+        plan += [mb[: len(mb) // 2], mb[len(mb) // 2 :]]
+    plan.sort(key=lambda mb: -cost(mb))
+    while len(plan) % world_size:
+        plan.append([])
+    return plan

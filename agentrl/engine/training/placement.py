@@ -1,0 +1,92 @@
+"""Where the learner ranks run: one Ray placement group, and a rendezvous on rank 0's node.
+
+The ranks of a learner group must meet at one TCP address (``torch.distributed``'s rendezvous).
+Picking ``127.0.0.1`` and a port on the driver works only while every rank shares the driver's
+machine. Here the ranks are reserved together as a placement group (one bundle per rank,
+``PACK``: as few nodes as possible), and the rendezvous is rank 0's own node address with a port
+free there, found by a task that runs in rank 0's bundle.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrl.errors import InfraError
+
+__all__ = ["LearnerPlacement", "learner_bundles"]
+
+
+def learner_bundles(num_ranks: int, num_cpus: float, num_gpus: float, resources: dict[str, float]) -> list[dict[str, float]]:
+    """One Ray resource bundle per rank: ``CPU`` (and ``GPU`` when ``num_gpus`` > 0) plus the
+    custom ``resources`` each rank needs."""
+    bundle = {"CPU": float(num_cpus), **({"GPU": float(num_gpus)} if num_gpus else {}), **{k: float(v) for k, v in resources.items()}}
+    return [dict(bundle) for _ in range(num_ranks)]
+
+
+
+def _endpoint() -> tuple[str, int]:
+    from agentrl.engine.generation.weight_transfer import free_endpoint
+
+    return free_endpoint()
+
+
+class LearnerPlacement:
+    """A reserved placement group for ``len(bundles)`` learner ranks (Ray must be initialised).
+
+    ``rendezvous()`` gives rank 0's ``(address, port)``; ``options(rank)`` the Ray actor options
+    that put rank ``rank`` in its bundle; ``release()`` frees the reservation (idempotent).
+    """
+
+    def __init__(self, bundles: list[dict[str, float]], timeout_s: float) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+
+        self.bundles = bundles
+        self.group = placement_group(bundles, strategy="PACK")
+        try:
+            ray.get(self.group.ready(), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            self.release()
+            raise InfraError(
+                f"the cluster cannot place {len(bundles)} learner rank(s) of {bundles[0]} each within {timeout_s:.0f} s "
+                "(see `ray status` for free resources; lower learner.num_ranks/num_cpus/num_gpus or add nodes)"
+            ) from None
+
+    def options(self, rank: int) -> dict[str, Any]:
+        """``num_cpus``/``num_gpus``/``resources`` and the scheduling strategy of rank ``rank``."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        b = dict(self.bundles[rank])
+        cpus, gpus = b.pop("CPU"), b.pop("GPU", 0.0)
+        return {
+            "num_cpus": cpus,
+            "num_gpus": gpus,
+            "resources": b or None,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=rank),
+        }
+
+    def rendezvous(self, timeout_s: float) -> tuple[str, int]:
+        """Rank 0's node address and a TCP port free there now."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        probe = ray.remote(_endpoint).options(
+            num_cpus=0, scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=0)
+        )
+        try:
+            address, port = ray.get(probe.remote(), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise InfraError(f"no answer from learner rank 0's node within {timeout_s:.0f} s (finding its address)") from None
+        return str(address), int(port)
+
+    def release(self) -> None:
+        """Free the reserved resources (the actors in it should be gone first)."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        if self.group is not None and ray.is_initialized():
+            try:
+                remove_placement_group(self.group)
+            except Exception:  # already removed, or the cluster is gone
+                pass
+        self.group = None

@@ -1,0 +1,72 @@
+"""Generator bookkeeping that needs no engine: busy time and version spans."""
+
+import asyncio
+
+from agentrl.engine.generation import generator as gen_mod
+from agentrl.engine.generation.generator import EngineSettings, VllmGenerator, versions_from_spans
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_busy_time_counts_overlapping_requests_once(monkeypatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr(gen_mod.time, "monotonic", clock)
+    g = VllmGenerator(EngineSettings(model="unused"))
+    a, b, c = g.busy, g.busy, g.busy
+    a.__enter__()  # request A at t=100
+    clock.now = 101.0
+    b.__enter__()  # request B overlaps
+    clock.now = 103.0
+    a.__exit__(None, None, None)  # A done
+    clock.now = 104.0
+    b.__exit__(None, None, None)  # B done: busy 100..104
+    clock.now = 110.0  # idle
+    c.__enter__()
+    clock.now = 111.5  # still in flight: counted up to now
+    stats = asyncio.run(g.stats())
+    assert stats["busy_s"] == 5.5
+    assert stats["alive_s"] == 11.5
+    assert g.busy.busy_s == 4.0
+
+
+def test_versions_from_spans() -> None:
+    assert versions_from_spans([("1", 0, 2), ("2", 2, 5)], 5, 0) == [1, 1, 2, 2, 2]
+    assert versions_from_spans(None, 3, 7) == [7, 7, 7]
+
+
+def test_engine_arguments_on_cpu_and_gpu() -> None:
+    """CPU engines get an explicit KV-cache size, whole prefills and 32-token blocks (prefix
+    caching at a granularity short episodes can use); GPU engines keep vLLM's defaults."""
+    from agentrl.engine.generation.generator import CPU_BLOCK_SIZE, engine_kwargs
+
+    s = EngineSettings(model="m", kv_cache_gib=0.5, max_model_len=1024)
+    cpu = engine_kwargs(s, on_gpu=False)
+    assert cpu["block_size"] == CPU_BLOCK_SIZE == 32 and cpu["kv_cache_memory_bytes"] == 2**29
+    assert cpu["enable_chunked_prefill"] is False and "gpu_memory_utilization" not in cpu
+    gpu = engine_kwargs(s, on_gpu=True)
+    assert "block_size" not in gpu and gpu["gpu_memory_utilization"] == 0.85 and "kv_cache_memory_bytes" not in gpu
+    assert engine_kwargs(EngineSettings(model="m", block_size=128), on_gpu=False)["block_size"] == 128
+    assert engine_kwargs(EngineSettings(model="m", block_size=64), on_gpu=True)["block_size"] == 64
+    extra = engine_kwargs(EngineSettings(model="m", weight_transfer="gloo", extra={"tensor_parallel_size": 2}), on_gpu=True)
+    assert extra["weight_transfer_config"] == {"backend": "gloo"} and extra["tensor_parallel_size"] == 2
+    # every engine carries agentrl's worker methods (re-tying a tied lm_head after an update)
+    from agentrl.engine.generation.vllm_worker import WORKER_EXTENSION
+
+    assert cpu["worker_extension_cls"] == gpu["worker_extension_cls"] == WORKER_EXTENSION
+
+
+def test_every_generator_implements_the_generator_protocol():
+    from agentrl.engine.generation.http_generator import HttpGenerator
+    from agentrl.engine.common.interfaces import Generator
+    from agentrl.engine.testing import FakeGenerator
+
+    for cls in (VllmGenerator, HttpGenerator, FakeGenerator):
+        assert Generator in cls.__mro__, cls  # declared: each names the protocol as a base
+    assert isinstance(VllmGenerator(EngineSettings(model="unused")), Generator)
+    assert isinstance(FakeGenerator(), Generator)

@@ -1,0 +1,137 @@
+"""Checkpoint -> resume gives the same run as no interruption; any checkpoint exports to HF."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from agentrl.engine.training.checkpoint import export_checkpoint, read_trainer_state
+from agentrl.errors import LearnerError
+from tests.engine.training.test_learner_correctness import make_learner, make_samples, max_diff, params
+
+SCHEDULE = dict(lr=5e-3, adam_eps=1e-8, grad_clip=1.0, warmup_steps=1, lr_schedule="cosine", total_steps=6)
+
+
+def test_resume_matches_uninterrupted_run(tiny_calc_model, tmp_path):
+    batches = [make_samples(5, seed=100 + k) for k in range(6)]
+    ckpt = tmp_path / "ckpt-3"
+
+    a = make_learner(str(tiny_calc_model), **SCHEDULE)
+    try:
+        for b in batches[:3]:
+            a.train_step(b)
+        a.save_checkpoint(str(ckpt))
+        at_save = params(a)
+        torch.rand(7)  # the RNG moves on after the save; resume must restore the saved state
+        for b in batches[3:]:
+            last_a = a.train_step(b)
+        final_a = params(a)
+    finally:
+        a.shutdown()
+
+    b_ = make_learner(str(tiny_calc_model), **SCHEDULE)
+    try:
+        state = b_.load_checkpoint(str(ckpt))
+        assert state["step"] == 3 and b_.step == 3 and b_.updates == 3
+        assert max_diff(params(b_), at_save) == 0.0
+        for b in batches[3:]:
+            last_b = b_.train_step(b)
+        final_b = params(b_)
+    finally:
+        b_.shutdown()
+
+    assert last_a["lr"] == pytest.approx(last_b["lr"]) and last_a["step"] == last_b["step"] == 6
+    assert last_a["loss"] == pytest.approx(last_b["loss"], abs=1e-7)
+    assert max_diff(final_a, final_b) < 1e-7
+    assert max_diff(final_a, at_save) > 1e-4  # the three steps after the save changed the weights
+
+    # the checkpoint exports to a Hugging Face folder holding the weights at the save
+    out = export_checkpoint(ckpt, tmp_path / "export")
+    exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
+    assert max_diff({k: exported[k] for k in at_save}, at_save) == 0.0
+    assert (out / "tokenizer_config.json").is_file()
+    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no temporaries left
+
+
+def test_checkpoint_before_the_first_update_and_errors(tiny_calc_model, tmp_path):
+    learner = make_learner(str(tiny_calc_model))
+    try:
+        learner.save_checkpoint(str(tmp_path / "c0"))
+        assert read_trainer_state(tmp_path / "c0")["has_optimizer_state"] is False
+        assert learner.load_checkpoint(str(tmp_path / "c0"))["step"] == 0
+        assert not learner.optimizer.state  # AdamW state was not initialised by the save
+        with pytest.raises(LearnerError, match="not an agentrl checkpoint"):
+            learner.load_checkpoint(str(tmp_path / "missing"))
+    finally:
+        learner.shutdown()
+    with pytest.raises(LearnerError, match="not an agentrl checkpoint"):
+        export_checkpoint(tmp_path / "missing", tmp_path / "out")
+
+
+def test_cli_export(tiny_calc_model, tmp_path, capsys):
+    from agentrl.cli import main
+
+    learner = make_learner(str(tiny_calc_model))
+    try:
+        learner.train_step(make_samples(3, seed=7))
+        learner.save_checkpoint(str(tmp_path / "run" / "checkpoints" / "step_1" / "learner"))
+        want = params(learner)
+    finally:
+        learner.shutdown()
+    assert main(["export", str(tmp_path / "run" / "checkpoints" / "step_1"), str(tmp_path / "hf")]) == 0
+    got = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).state_dict()
+    assert max_diff({k: got[k] for k in want}, want) == 0.0
+    assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "hf2")]) == 2
+    assert "not an agentrl checkpoint" in capsys.readouterr().err
+
+
+def test_generation_config_travels_with_every_written_model(tiny_calc_model, tmp_path):
+    """Instruct models keep their end-of-turn EOS ids in generation_config.json, not config.json
+    (Qwen2.5-Instruct: config eos <|endoftext|>, generation eos [<|im_end|>, <|endoftext|>]). A
+    published version, a checkpoint's export and the SFT/final folders must keep it, or vLLM
+    serving them never stops at the end of a turn."""
+    import json
+    import shutil
+
+    from transformers import GenerationConfig
+
+    model = tmp_path / "instruct-like"
+    shutil.copytree(tiny_calc_model, model)
+    config = json.loads((model / "config.json").read_text())
+    eos = [config["eos_token_id"], 3] if isinstance(config["eos_token_id"], int) else [*config["eos_token_id"], 3]
+    GenerationConfig(eos_token_id=eos, pad_token_id=config.get("pad_token_id"), temperature=0.7, do_sample=True).save_pretrained(model)
+
+    learner = make_learner(str(model))
+    try:
+        published = learner.publish(str(tmp_path / "v1"), with_tokenizer=True)
+        learner.save_checkpoint(str(tmp_path / "ckpt"))
+    finally:
+        learner.shutdown()
+    exported = export_checkpoint(tmp_path / "ckpt", tmp_path / "export")
+    for folder in (published, exported):
+        gen = GenerationConfig.from_pretrained(folder)
+        assert gen.eos_token_id == eos and gen.temperature == 0.7, folder
+
+
+def test_exported_models_carry_inference_settings_and_the_training_dtype(tiny_calc_model, tmp_path):
+    """The learner trains with ``use_cache`` off and float32 master weights; what leaves the run
+    (the final folder, a checkpoint's export) is for inference: cache on, the recipe's dtype."""
+    import json
+
+    from safetensors import safe_open
+
+    learner = make_learner(str(tiny_calc_model), dtype="bfloat16")
+    try:
+        learner.train_step(make_samples(2, seed=3))
+        final = learner.publish(str(tmp_path / "final"), with_tokenizer=True, serving_dtype=True)
+        learner.save_checkpoint(str(tmp_path / "ckpt"))
+    finally:
+        learner.shutdown()
+    exported = export_checkpoint(tmp_path / "ckpt", tmp_path / "export")
+    for folder in (final, exported):
+        config = json.loads((tmp_path / folder / "config.json").read_text())
+        assert config["use_cache"] is True and config["dtype"] == "bfloat16", (folder, config)
+        with safe_open(str(tmp_path / folder / "model.safetensors"), "pt") as f:
+            assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}, folder
+        assert AutoModelForCausalLM.from_pretrained(folder).dtype == torch.bfloat16

@@ -1,0 +1,222 @@
+"""Learner placement (:mod:`agentrl.engine.training.placement`): one bundle per rank, one ``PACK``
+placement group, each rank in its own bundle, and the rendezvous on the node of rank 0's bundle.
+
+The unit tests run against a fake of the few Ray calls the module makes (a two-node cluster where
+rank 0's bundle is *not* on the driver's node); the ``ray`` tests start a real local Ray that
+cluster of three nodes on this machine, two of them with GPUs that do not exist (Ray assigns
+their ids as on a real node) and each node on its own loopback address."""
+
+from __future__ import annotations
+
+import importlib
+import socket
+from typing import Any
+
+import pytest
+
+from agentrl.engine.common import cluster
+from agentrl.engine.training import placement
+from agentrl.engine.training.placement import LearnerPlacement, learner_bundles
+from agentrl.errors import InfraError
+
+
+def test_one_bundle_per_rank_with_gpus_only_when_asked_and_custom_resources():
+    assert learner_bundles(2, 4, 1, {"node:trainer": 0.01}) == [
+        {"CPU": 4.0, "GPU": 1.0, "node:trainer": 0.01}, {"CPU": 4.0, "GPU": 1.0, "node:trainer": 0.01}]
+    assert learner_bundles(3, 1, 0, {}) == [{"CPU": 1.0}] * 3  # no GPU key at all on CPU
+    bundles = learner_bundles(2, 1, 0.5, {})
+    bundles[0]["CPU"] = 99.0
+    assert bundles[1]["CPU"] == 1.0  # every rank its own dict
+
+
+# ------------------------------------------------------------------------------------ the fake
+class FakeCluster:
+    """Two nodes; the driver runs on ``node-a``. ``layout[i]`` is the node that Ray put bundle ``i``
+    on. Records what was asked of Ray."""
+
+    NODES = {"node-a": "10.0.0.1", "node-b": "10.0.0.2"}
+
+    def __init__(self, layout: list[str], ready: bool = True) -> None:
+        self.layout, self.ready = layout, ready
+        self.groups: list[FakeGroup] = []
+        self.removed: list[FakeGroup] = []
+        self.probes: list[dict[str, Any]] = []
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import ray
+
+        pg = importlib.import_module("ray.util.placement_group")
+        monkeypatch.setattr(pg, "placement_group", self.placement_group)
+        monkeypatch.setattr(pg, "remove_placement_group", self.remove_placement_group)
+        monkeypatch.setattr(ray, "get", self.get)
+        monkeypatch.setattr(ray, "remote", self.remote)
+        monkeypatch.setattr(ray, "is_initialized", lambda: True)
+
+    def placement_group(self, bundles: list[dict[str, float]], strategy: str) -> FakeGroup:
+        group = FakeGroup(bundles, strategy)
+        self.groups.append(group)
+        return group
+
+    def remove_placement_group(self, group: FakeGroup) -> None:
+        self.removed.append(group)
+
+    def remote(self, fn: Any) -> FakeRemote:
+        return FakeRemote(self, fn)
+
+    def get(self, ref: Any, timeout: float | None = None) -> Any:
+        import ray
+
+        kind, payload = ref
+        if kind == "ready":
+            if not self.ready:
+                raise ray.exceptions.GetTimeoutError("not placed")
+            return None
+        # a probe task: it runs on the node its scheduling strategy puts it on (the driver's without one)
+        strategy = payload.get("scheduling_strategy")
+        node = "node-a"
+        if strategy is not None:
+            assert strategy.placement_group in self.groups
+            node = self.layout[strategy.placement_group_bundle_index]
+        return self.NODES[node], 29500 + list(self.NODES).index(node)
+
+
+class FakeGroup:
+    def __init__(self, bundles: list[dict[str, float]], strategy: str) -> None:
+        self.bundles, self.strategy = bundles, strategy
+
+    def ready(self) -> tuple[str, Any]:
+        return "ready", self
+
+
+class FakeRemote:
+    def __init__(self, cluster: FakeCluster, fn: Any, opts: dict[str, Any] | None = None) -> None:
+        self.cluster, self.fn, self.opts = cluster, fn, opts or {}
+
+    def options(self, **opts: Any) -> FakeRemote:
+        return FakeRemote(self.cluster, self.fn, {**self.opts, **opts})
+
+    def remote(self) -> tuple[str, dict[str, Any]]:
+        self.cluster.probes.append(self.opts)
+        return "probe", self.opts
+
+
+# ------------------------------------------------------------------------------------ unit tests
+def test_the_ranks_are_reserved_together_packed_and_each_rank_is_put_in_its_own_bundle(monkeypatch):
+    cluster = FakeCluster(["node-b", "node-b", "node-a"])
+    cluster.install(monkeypatch)
+    bundles = learner_bundles(3, 2, 1, {"trainer": 1})
+    p = LearnerPlacement(bundles, timeout_s=5)
+    assert len(cluster.groups) == 1 and cluster.groups[0].bundles == bundles and cluster.groups[0].strategy == "PACK"
+    for rank in range(3):
+        opts = p.options(rank)
+        assert (opts["num_cpus"], opts["num_gpus"], opts["resources"]) == (2.0, 1.0, {"trainer": 1.0})
+        strategy = opts["scheduling_strategy"]
+        assert strategy.placement_group is cluster.groups[0] and strategy.placement_group_bundle_index == rank
+    assert bundles[0] == {"CPU": 2.0, "GPU": 1.0, "trainer": 1.0}  # options() did not eat the bundle
+    cpu_only = LearnerPlacement(learner_bundles(1, 1, 0, {}), timeout_s=5).options(0)
+    assert (cpu_only["num_gpus"], cpu_only["resources"]) == (0.0, None)
+
+
+def test_the_rendezvous_is_on_rank_0s_node_not_the_drivers(monkeypatch):
+    cluster = FakeCluster(["node-b", "node-a"])  # rank 0 on node-b; the driver is on node-a
+    cluster.install(monkeypatch)
+    p = LearnerPlacement(learner_bundles(2, 1, 1, {}), timeout_s=5)
+    assert p.rendezvous(timeout_s=5) == ("10.0.0.2", 29501)
+    (probe,) = cluster.probes
+    assert probe["num_cpus"] == 0  # the probe takes nothing from rank 0's reservation
+    assert probe["scheduling_strategy"].placement_group_bundle_index == 0
+
+
+def test_a_reservation_that_cannot_be_placed_is_an_infra_error_and_is_released(monkeypatch):
+    cluster = FakeCluster(["node-a"], ready=False)
+    cluster.install(monkeypatch)
+    with pytest.raises(InfraError, match=r"cannot place 2 learner rank\(s\) of \{'CPU': 1.0, 'GPU': 8.0\} each within 3 s"):
+        LearnerPlacement(learner_bundles(2, 1, 8, {}), timeout_s=3)
+    assert cluster.removed == cluster.groups  # the half-made reservation is not left holding resources
+
+
+def test_release_is_idempotent(monkeypatch):
+    cluster = FakeCluster(["node-a"])
+    cluster.install(monkeypatch)
+    p = LearnerPlacement(learner_bundles(1, 1, 0, {}), timeout_s=5)
+    p.release()
+    p.release()
+    assert cluster.removed == cluster.groups and p.group is None
+
+
+# ------------------------------------------------------------------------------------ real Ray
+@pytest.fixture(scope="module")
+def three_node_ray():
+    """A real Ray cluster on this machine: a head without GPUs (the driver's node) and two nodes of
+    2 GPUs each that do not exist, each on its own loopback address (127.0.0.2 and 127.0.0.3), so
+    that "rank 0's node" and "the driver's node" have different addresses as on a real cluster."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        for ip in ("127.0.0.2", "127.0.0.3"):
+            cluster.add_node(num_cpus=1, num_gpus=2, node_ip_address=ip)
+        ray.init(address=cluster.address, log_to_driver=False)
+        cluster.wait_for_nodes()
+        yield ray
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+@pytest.mark.ray
+def test_on_a_real_ray_each_rank_gets_its_own_gpu_and_rank_0s_node_is_the_rendezvous(three_node_ray):
+    ray = three_node_ray
+    from ray.util.placement_group import placement_group_table
+
+    @ray.remote
+    class Rank:
+        def where(self) -> tuple[str, str, str]:
+            import os
+
+            ctx = ray.get_runtime_context()
+            return ctx.get_node_id(), ctx.get_placement_group_id(), os.environ.get("CUDA_VISIBLE_DEVICES", "")
+
+    ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+    driver_ip = ips[ray.get_runtime_context().get_node_id()]
+    p = LearnerPlacement(learner_bundles(2, 0.5, 1, {}), timeout_s=60)
+    group = p.group
+    try:
+        ranks = [Rank.options(**p.options(r)).remote() for r in range(2)]
+        seen = ray.get([r.where.remote() for r in ranks], timeout=60)
+        layout = placement_group_table(group)["bundles_to_node_id"]
+        assert [node for node, _, _ in seen] == [layout[0], layout[1]]  # rank r runs in bundle r
+        assert {pg for _, pg, _ in seen} == {group.id.hex()}
+        gpus = [(node, g) for node, _, g in seen]
+        assert all(g for _, g in gpus) and len(set(gpus)) == 2  # a (fake) GPU each, never the same one
+        address, port = p.rendezvous(timeout_s=60)
+        assert address == ips[layout[0]] != driver_ip  # rank 0's node (the head has no GPU), not the driver's
+        with socket.socket() as s:
+            s.bind((address, port))  # and the port is free there
+        for r in ranks:
+            ray.kill(r)
+    finally:
+        p.release()
+        p.release()  # idempotent
+    assert placement_group_table(group)["state"] == "REMOVED"
+
+
+@pytest.mark.ray
+def test_on_a_real_ray_more_gpus_than_the_cluster_has_is_an_infra_error_and_frees_the_rest(three_node_ray):
+    ray = three_node_ray
+    from ray.util.placement_group import placement_group_table
+
+    before = {g for g, t in placement_group_table().items() if t["state"] != "REMOVED"}
+    with pytest.raises(InfraError, match="cannot place 3 learner rank"):
+        LearnerPlacement(learner_bundles(3, 0.1, 2, {}), timeout_s=2)  # 6 GPUs of 4
+    after = {g for g, t in placement_group_table().items() if t["state"] != "REMOVED"}
+    assert after == before
+    assert ray.available_resources().get("GPU") == 4.0
+
+
+def test_current_node_id_is_none_outside_ray(monkeypatch):
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    assert cluster.current_node_id() is None
