@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from agentrl.engine.metric_sinks import MetricSink, TensorBoardSink, numeric_fields
 from agentrl.engine.progress import ProgressView
@@ -76,12 +77,12 @@ class MetricsLogger:
 
     def event(self, message: str, **fields: Any) -> dict[str, Any]:
         """Log and print a one-off event (start-up, checkpoint...)."""
-        self.console.print(f"[dim]{message}[/]")
+        self.console.print(f"[dim]{escape(message)}[/]")  # literal brackets ([sft]) are text, not markup
         return self.log("event", message=message, **fields)
 
     def warning(self, message: str, **fields: Any) -> dict[str, Any]:
         """Log and print, in yellow, something the user should act on (a degenerate step)."""
-        self.console.print(f"[bold yellow]warning:[/] {message}", highlight=False)
+        self.console.print(f"[bold yellow]warning:[/] {escape(message)}", highlight=False)
         return self.log("event", message=message, warning=True, **fields)
 
     def close(self) -> None:

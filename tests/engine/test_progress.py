@@ -52,3 +52,15 @@ def test_logger_live_panel_and_plain_lines(tmp_path) -> None:
     log.step(**STEP)
     log.close()
     assert "step    7 v7" in plain.getvalue() and "staleness {0:4 1:28}" in plain.getvalue()
+
+
+def test_brackets_in_events_and_warnings_are_printed_not_taken_for_markup(tmp_path) -> None:
+    """The degenerate-step warning printed "warm it up with , raise ...": rich took `[sft]` for a tag."""
+    out = io.StringIO()
+    log = MetricsLogger(tmp_path, console=Console(file=out, width=200))
+    log.warning("no reward: warm it up with [sft], raise rollout.max_new_tokens")
+    log.event("section [learner] and [bold]not bold[/bold]")
+    log.close()
+    shown = out.getvalue()
+    assert "warm it up with [sft], raise" in shown
+    assert "section [learner] and [bold]not bold[/bold]" in shown
