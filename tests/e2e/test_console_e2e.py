@@ -10,6 +10,7 @@ import re
 import subprocess
 
 import pytest
+from rich.markup import escape
 from rich.text import Text
 
 from tests.e2e.helpers import REPO, train_cmd
@@ -29,13 +30,14 @@ AGENTRL_LINES = (
 def foreign_lines(console: str, run_dir) -> list[str]:
     """The lines of ``console`` that are not agentrl's: each must match one of ``AGENTRL_LINES``,
     or be an event or a warning the run logged in ``RUN_DIR/metrics.jsonl``, as
-    ``MetricsLogger.event`` / ``.warning`` print it (rich markup: ``[dim]message[/]``,
-    ``[bold yellow]warning:[/] message``; square brackets in a message are read as markup too)."""
+    ``MetricsLogger.event`` / ``.warning`` print it (rich markup around the escaped message:
+    ``[dim]message[/]``, ``[bold yellow]warning:[/] message``; brackets in a message are text)."""
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     logged = set()
     for e in events:
         if e["kind"] == "event":
-            printed = f"[bold yellow]warning:[/] {e['message']}" if e.get("warning") else f"[dim]{e['message']}[/]"
+            message = escape(e["message"])
+            printed = f"[bold yellow]warning:[/] {message}" if e.get("warning") else f"[dim]{message}[/]"
             logged.update(Text.from_markup(printed).plain.splitlines())
     formats = [re.compile(p) for p in AGENTRL_LINES]
     return [line for line in console.splitlines() if line not in logged and not any(f.fullmatch(line) for f in formats)]
