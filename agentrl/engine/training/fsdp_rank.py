@@ -28,6 +28,7 @@ rank's group: call it on every rank with the same arguments.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import math
 import os
@@ -56,7 +57,7 @@ def decoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in module.modules() if type(m).__name__.endswith("DecoderLayer")]
 
 
-class FsdpRank:
+class FsdpRank(abc.ABC):
     """One rank of an FSDP2 group (see the module docstring). ``role`` names the group in
     messages and in the process group's rendezvous ("learner", "critic").
 
@@ -111,14 +112,17 @@ class FsdpRank:
         """Updates skipped because the gradient norm was not finite."""
 
     # ------------------------------------------------------------------ what a subclass defines
+    @abc.abstractmethod
     def trained_module(self) -> Any:
         """The FSDP-wrapped module this rank trains, or None before ``setup()``."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def make_batch(self, rows: list[dict[str, Any]], with_targets: bool) -> PaddedBatch:
         """The padded micro-batch of ``rows``; ``with_targets``: read the training targets too."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def stand_in_row(self) -> dict[str, Any]:
         """A two-token row with every field :meth:`make_batch` reads (it is given zero weight)."""
         raise NotImplementedError
