@@ -116,6 +116,8 @@ def _train(args: argparse.Namespace, hooks: Sequence[Any] = ()) -> int:
         f"{summary.agent_failures} agent failures; "
         f"checkpoint {summary.final_checkpoint}"
     )
+    if summary.ended_early:
+        print(f"ended early: {summary.ended_early}")
     return 0
 
 

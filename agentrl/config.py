@@ -370,6 +370,10 @@ class LearnerConfig(_Section):
     out of memory, crashed); 0: a dead rank ends the run (rerunning the command resumes)."""
 
 
+GROUP_RELATIVE = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
+"""Advantage estimators that remove the group's mean: a group of equal rewards gets zero advantages."""
+
+
 class AlgoConfig(_Section):
     """The RL objective."""
 
@@ -384,9 +388,24 @@ class AlgoConfig(_Section):
     """GAE's lambda (``gae`` only): 1 gives ``R - V``, 0 the one-step TD error."""
     normalize_advantages: bool = True
     """Whiten GAE advantages over the batch's action tokens (``gae`` only)."""
+    dynamic_sampling: Literal["off", "drop", "refill"] = "off"
+    """DAPO's dynamic sampling of groups whose samples all got the same reward (zero
+    group-relative advantage: no learning signal). ``off``: they are trained like any other (with
+    zero advantages); ``drop``: they are dropped from the batch, which shrinks; ``refill``: the
+    staleness queue sets them aside before batching (recorded as solved or failed, their prompts
+    not re-issued) and fills the batch from later groups, at most ``max_sampling_factor`` times
+    the batch's groups per step; a step whose budget found groups all solved and nothing else ends
+    the run early, as a success. ``refill`` needs a group-relative estimator (``grpo``,
+    ``dr_grpo``, ``rloo``, ``reinforce_pp_baseline``) and ``rollout.group_size >= 2``."""
+    max_sampling_factor: float = Field(3.0, ge=1)
+    """Refill's budget: groups sampled for one learner step, at most this many times the batch's
+    groups (``learner.batch_size / rollout.group_size``). When it runs out the step trains the
+    groups with a signal it has (fewer), or holds the weights when it has none."""
+    solved_reward: float = 1.0
+    """Refill: a group set aside whose every episode earned at least this reward is *solved*
+    (the others are *failed*)."""
     filter_zero_variance_groups: bool = False
-    """Drop groups whose samples all got the same reward (DAPO dynamic sampling). Off by default:
-    agentrl does not over-sample to refill the batch, so filtering makes batch sizes vary."""
+    """Deprecated spelling of ``dynamic_sampling = "drop"`` (``true``), kept for older recipes."""
     overlong_max_tokens: int | None = Field(None, gt=0)
     """DAPO's soft overlong punishment: generated tokens of an episode beyond
     ``overlong_max_tokens - overlong_buffer_tokens`` cost reward linearly, down to -1 at
@@ -434,6 +453,17 @@ class AlgoConfig(_Section):
     max_staleness: int = Field(1, ge=0)
     """Largest allowed difference between the learner's version and the oldest version that
     wrote a trained token. 0 = on-policy (``sync``)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dynamic_sampling_alias(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("filter_zero_variance_groups") is True:
+            given = data.get("dynamic_sampling", "drop")
+            if given != "drop":
+                raise ValueError(f'filter_zero_variance_groups = true is dynamic_sampling = "drop", but dynamic_sampling = '
+                                 f'"{given}": keep dynamic_sampling alone')
+            data = {**data, "dynamic_sampling": "drop"}
+        return data
 
     @model_validator(mode="after")
     def _check_algo(self) -> "AlgoConfig":
@@ -766,6 +796,22 @@ class Recipe(_Section):
                 f'critic: the [critic] section trains a value function for algo.advantage = "gae"; this recipe uses '
                 f'"{self.algo.advantage}" (set algo.advantage = "gae" or remove [critic])'
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_refill(self) -> "Recipe":
+        a = self.algo
+        if a.dynamic_sampling != "refill":
+            return self
+        if a.advantage not in GROUP_RELATIVE:
+            raise ValueError(
+                f'algo.dynamic_sampling = "refill" sets aside groups whose group-relative advantages are all zero; '
+                f'algo.advantage = "{a.advantage}" is not group-relative (use one of {", ".join(GROUP_RELATIVE)}, '
+                'or dynamic_sampling = "off")'
+            )
+        if self.rollout.group_size < 2:
+            raise ValueError('algo.dynamic_sampling = "refill" needs rollout.group_size >= 2 (a group of one never has a '
+                             f'learning signal of its own); got {self.rollout.group_size}')
         return self
 
     @property

@@ -114,6 +114,7 @@ class Controller:
                 await learners.call("publish", str(rd.final_adapter), serving_dtype=True, what="writing the final adapter")
             log.event(f"final checkpoint: {final}" + (f" (adapter: {rd.final_adapter})" if r.lora is not None else ""), version=loop.version)
             summary = loop.ledger.summary(rd.root, loop.version, final, loop.queue)
+            summary.ended_early = loop.ended_early  # a mastered task: a success, said in words
             if evaluator is not None and r.eval.limit:
                 await evaluator(loop.version)
             return self._summarise(summary, evaluator.records if evaluator else [])
@@ -204,7 +205,7 @@ class Controller:
         )
 
         async def run(at: RunState | None) -> RLLoop:
-            queue = StalenessQueue(batch_size=r.learner.batch_size, group_size=r.rollout.group_size, max_staleness=r.max_staleness)
+            queue = StalenessQueue(**wiring.queue_kwargs(r))
             kwargs = wiring.ledger_kwargs(r, len(rows))
             ledger = PromptLedger.restore(at, queue, **kwargs) if at is not None else PromptLedger(**kwargs)
             if evaluator is not None and at is not None:

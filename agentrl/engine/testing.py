@@ -375,7 +375,9 @@ class FakeRun:
     ``worker``: keyword arguments of every :class:`FakeWorker`; ``learner``: of every
     :class:`FakeLearner`; ``critic``: of a :class:`FakeCritic` group, which makes the run PPO's
     (``advantage = "gae"``, with ``critic_warmup`` warm-up steps; None: GRPO); ``state``: a
-    checkpoint's run state to resume from (None: the start).
+    checkpoint's run state to resume from (None: the start); ``dynamic_sampling``,
+    ``max_sampling_factor``, ``solved_reward``: as the recipe's ``[algo]`` keys (refill sets
+    groups without a learning signal aside in the queue).
     """
 
     def __init__(
@@ -383,12 +385,15 @@ class FakeRun:
         max_steps: int = 3, num_generators: int = 1, num_workers: int = 1, checkpoint_every: int = 0, max_restarts: int = 0,
         worker: dict[str, Any] | None = None, learner: dict[str, Any] | None = None, hooks: list[Any] | None = None,
         timeout_s: float = 30.0, max_degenerate_steps: int = 0, critic: dict[str, Any] | None = None, critic_warmup: int = 0,
+        dynamic_sampling: str = "off", max_sampling_factor: float = 3.0, solved_reward: float = 1.0,
     ) -> None:
+        import functools
+
         import io
 
         from rich.console import Console
 
-        from agentrl.engine.loop.batching import BatchSettings
+        from agentrl.engine.loop.batching import BatchSettings, no_signal_reason
         from agentrl.engine.generation.fleet import GeneratorFleet
         from agentrl.engine.generation.generator import EngineSettings
         from agentrl.engine.training.learner_group import LearnerGroup
@@ -427,7 +432,12 @@ class FakeRun:
             fleet=self.fleet, learners=self.learners, run_dir=self.run_dir, log=self.log, weight_sync="disk",
             sync_timeout_s=timeout_s, workers_per_generator=1, dtype="float32", keep_versions=3,
         )
-        self.batch = BatchSettings(advantage="grpo" if critic is None else "gae")
+        self.batch = BatchSettings(advantage="grpo" if critic is None else "gae", dynamic_sampling=dynamic_sampling, solved_reward=solved_reward)
+        self.queue_kwargs: dict[str, Any] = {} if dynamic_sampling != "refill" else {
+            "classify": functools.partial(no_signal_reason, settings=self.batch),
+            "refill_groups": int((max_sampling_factor - 1) * (batch_size // group_size)),
+        }
+        """Refill's arguments of the staleness queue (none without refill), as ``wiring.queue_kwargs`` gives them."""
         self.critic_seen: list[tuple[int, list[str], list[float]]] = []
         """Every step a fake critic rank 0 trained: ``(step, sample ids, returns)``."""
         self.critic = None if critic is None else LearnerGroup(
@@ -471,7 +481,8 @@ class FakeRun:
                                                             warmup_steps=self.critic_warmup)
 
         async def run(at: Any) -> RLLoop:
-            queue = StalenessQueue(batch_size=self.batch_size, group_size=self.group_size, max_staleness=self.max_staleness)
+            queue = StalenessQueue(batch_size=self.batch_size, group_size=self.group_size, max_staleness=self.max_staleness,
+                                   **self.queue_kwargs)
             kwargs = {"num_rows": len(self.rows), "group_size": self.group_size}
             ledger = PromptLedger.restore(at, queue, **kwargs) if at is not None else PromptLedger(**kwargs)
             loop = RLLoop(

@@ -6,13 +6,14 @@ Pure functions: no Ray, no processes, no files touched.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from agentrl.config import Recipe
 from agentrl.engine.common.audit import episodes_audit_path, learner_audit_path
-from agentrl.engine.loop.batching import BatchSettings
+from agentrl.engine.loop.batching import BatchSettings, no_signal_reason
 from agentrl.engine.loop.critic_stage import GaeSettings
 from agentrl.engine.generation.generator import EngineSettings
 from agentrl.engine.loop.loop import LoopSettings
@@ -240,7 +241,8 @@ def batch_settings(recipe: Recipe) -> BatchSettings:
     a = recipe.algo
     return BatchSettings(
         advantage=a.advantage,
-        filter_zero_variance_groups=a.filter_zero_variance_groups,
+        dynamic_sampling=a.dynamic_sampling,
+        solved_reward=a.solved_reward,
         overlong_max_tokens=a.overlong_max_tokens,
         overlong_buffer_tokens=a.overlong_buffer_tokens,
     )
@@ -296,6 +298,19 @@ def loop_settings(recipe: Recipe) -> LoopSettings:
         max_degenerate_steps=r.learner.max_degenerate_steps,
         max_episode_tokens=min(r.rollout.max_episode_tokens, r.generator.max_model_len),
     )
+
+
+def queue_kwargs(recipe: Recipe) -> dict[str, Any]:
+    """Arguments of the run's :class:`~agentrl.engine.loop.staleness.StalenessQueue`: under
+    ``algo.dynamic_sampling = "refill"`` it sets aside groups without a learning signal
+    (:func:`~agentrl.engine.loop.batching.no_signal_reason`) and refills up to
+    ``(max_sampling_factor - 1) * batch groups`` of them per batch."""
+    r = recipe
+    kwargs: dict[str, Any] = {"batch_size": r.learner.batch_size, "group_size": r.rollout.group_size, "max_staleness": r.max_staleness}
+    if r.algo.dynamic_sampling == "refill":
+        kwargs["classify"] = functools.partial(no_signal_reason, settings=batch_settings(r))
+        kwargs["refill_groups"] = int((r.algo.max_sampling_factor - 1) * (r.learner.batch_size // r.rollout.group_size))
+    return kwargs
 
 
 def ledger_kwargs(recipe: Recipe, num_rows: int) -> dict[str, Any]:

@@ -13,7 +13,11 @@ account, kept in ``RUN_DIR/audit/``:
 - ``episodes.jsonl``: written by the rollout workers, one record per finished episode
   ``{"id", "prompt", "status", "reward", "generated", "versions", "pid", "time"}`` — ``prompt``
   the prompt index, ``generated`` the tokens the model wrote, ``versions`` the ``[oldest,
-  newest]`` weight versions that wrote them (``null`` when none).
+  newest]`` weight versions that wrote them (``null`` when none);
+- ``set_aside.jsonl``: written by the RL loop under ``algo.dynamic_sampling = "refill"``, one
+  record per group set aside as carrying no learning signal ``{"prompt", "group", "reason",
+  "reward", "version", "pid", "time"}`` — ``reason`` ``"solved"`` or ``"failed"``, ``reward`` the
+  group's (equal) reward, ``version`` the learner's version when it was set aside.
 
 A record is one ``write(2)`` on a file opened with ``O_APPEND``, so several processes can share a
 file and a killed process leaves at most its last line torn; records of a run that was killed
@@ -31,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["AuditLog", "episodes_audit_path", "learner_audit_path", "prompt_sha1", "read_audit"]
+__all__ = ["AuditLog", "episodes_audit_path", "learner_audit_path", "prompt_sha1", "read_audit", "set_aside_audit_path"]
 
 
 def learner_audit_path(run_dir: str | os.PathLike[str]) -> Path:
@@ -42,6 +46,11 @@ def learner_audit_path(run_dir: str | os.PathLike[str]) -> Path:
 def episodes_audit_path(run_dir: str | os.PathLike[str]) -> Path:
     """``RUN_DIR/audit/episodes.jsonl``."""
     return Path(run_dir) / "audit" / "episodes.jsonl"
+
+
+def set_aside_audit_path(run_dir: str | os.PathLike[str]) -> Path:
+    """``RUN_DIR/audit/set_aside.jsonl``."""
+    return Path(run_dir) / "audit" / "set_aside.jsonl"
 
 
 class AuditLog:

@@ -32,6 +32,11 @@ class RunSummary:
     abandoned_prompts: list[int] = field(default_factory=list)
     """Prompts given up after their whole group failed on infrastructure ``max_attempts`` times
     (counted since the process started)."""
+    set_aside_prompts: dict[str, list[int]] = field(default_factory=dict)
+    """Prompts sampled but set aside as carrying no learning signal (``algo.dynamic_sampling =
+    "refill"``), by reason: ``"solved"``, ``"failed"``."""
+    ended_early: str = ""
+    """Why the run ended before ``learner.max_steps`` (a mastered task), in words; "" when it did not."""
 
 
 def write_summary(path: Path, summary: RunSummary, evals: list[dict[str, Any]]) -> None:
@@ -49,6 +54,8 @@ def write_summary(path: Path, summary: RunSummary, evals: list[dict[str, Any]]) 
         "untrained_prompts": summary.untrained_prompts,
         "dropped_prompts": summary.dropped_prompts,
         "abandoned_prompts": summary.abandoned_prompts,
+        "set_aside_prompts": summary.set_aside_prompts,
+        "ended_early": summary.ended_early,
     }
     if evals:
         data["eval_before"] = evals[0]

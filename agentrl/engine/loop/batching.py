@@ -11,7 +11,12 @@ from typing import Any
 
 from agentrl.engine.common.trajectory import AGENT_FAILURE, Trajectory
 
-__all__ = ["BatchSettings", "batch_samples", "staleness_histogram"]
+__all__ = ["FAILED", "SOLVED", "BatchSettings", "batch_samples", "no_signal_reason", "staleness_histogram"]
+
+SOLVED = "solved"
+"""A group set aside because every episode earned at least ``BatchSettings.solved_reward``."""
+FAILED = "failed"
+"""A group set aside because its episodes' rewards were equal and below ``solved_reward``."""
 
 
 @dataclass(frozen=True)
@@ -22,12 +27,23 @@ class BatchSettings:
     """The advantage estimator's name (``agentrl.algos.compute_advantages``), or ``gae``: the
     samples then carry their rewards and a critic (:mod:`agentrl.engine.loop.critic_stage`) gives
     them per-token advantages."""
-    filter_zero_variance_groups: bool = False
-    """Drop groups whose rewards are all equal (they carry no learning signal)."""
+    dynamic_sampling: str = "off"
+    """DAPO's dynamic sampling (:mod:`agentrl.algos.dynamic_sampling`): ``off``, ``drop`` (groups
+    whose rewards are all equal are dropped from the batch, which shrinks) or ``refill`` (the
+    staleness queue sets them aside before batching, :func:`no_signal_reason`, and fills the
+    batch from later groups; a batch still drops any such group it meets)."""
+    solved_reward: float = 1.0
+    """Under refill, a group set aside whose every episode earned at least this reward is
+    *solved*; any other is *failed*."""
     overlong_max_tokens: int | None = None
     """Episodes longer than this (generated tokens) are penalised; None: no penalty."""
     overlong_buffer_tokens: int = 0
     """Length of the soft band before ``overlong_max_tokens`` where the penalty ramps up."""
+
+    @property
+    def filter_zero_variance_groups(self) -> bool:
+        """Whether a batch drops groups whose rewards are all equal (``drop`` and ``refill``)."""
+        return self.dynamic_sampling != "off"
 
 
 def batch_samples(batch: list[list[Trajectory]], settings: BatchSettings) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -42,20 +58,11 @@ def batch_samples(batch: list[list[Trajectory]], settings: BatchSettings) -> tup
     advantage is 0.0 here: the critic stage replaces it with per-token ``advantages``."""
     import torch
 
-    from agentrl.algos import (
-        compute_advantages,
-        nonzero_variance_mask,
-        overlong_penalty,
-    )
+    from agentrl.algos import compute_advantages, nonzero_variance_mask
 
     kept = [t for g in batch for t in g if t.trainable]
     group = torch.tensor([gi for gi, g in enumerate(batch) for t in g if t.trainable], dtype=torch.long)
-    rewards = torch.tensor([float(t.reward) for t in kept], dtype=torch.float64)
-    penalty = torch.zeros_like(rewards)
-    if settings.overlong_max_tokens is not None and kept:
-        lengths = torch.tensor([t.num_generated for t in kept])
-        penalty = overlong_penalty(lengths, settings.overlong_max_tokens, settings.overlong_buffer_tokens)
-    rewards = rewards + penalty
+    rewards, penalty = _penalised_rewards(kept, settings)
     if settings.filter_zero_variance_groups and kept:
         keep = nonzero_variance_mask(rewards, group)
     else:
@@ -96,6 +103,38 @@ def batch_samples(batch: list[list[Trajectory]], settings: BatchSettings) -> tup
         "advantage_abs_mean": sum(abs(x) for x in advs) / max(1, len(advs)),
     }
     return samples, stats
+
+
+def _penalised_rewards(kept: list[Trajectory], settings: BatchSettings) -> tuple[Any, Any]:
+    """The rewards of ``kept`` with the overlong penalty (when set) and the penalty, float64 tensors."""
+    import torch
+
+    from agentrl.algos import overlong_penalty
+
+    rewards = torch.tensor([float(t.reward) for t in kept], dtype=torch.float64)
+    penalty = torch.zeros_like(rewards)
+    if settings.overlong_max_tokens is not None and kept:
+        lengths = torch.tensor([t.num_generated for t in kept])
+        penalty = overlong_penalty(lengths, settings.overlong_max_tokens, settings.overlong_buffer_tokens)
+    return rewards + penalty, penalty
+
+
+def no_signal_reason(group: list[Trajectory], settings: BatchSettings) -> str | None:
+    """None when ``group`` carries a learning signal for a group-relative estimator: the rewards
+    of its trainable episodes (with the overlong penalty, as :func:`batch_samples` computes them)
+    are not all equal. Else why not: :data:`SOLVED` when every trainable episode earned at least
+    ``settings.solved_reward`` (the raw reward, before the penalty), :data:`FAILED` otherwise (a
+    group with one trainable episode has no signal either). The staleness queue's ``classify``
+    under refill."""
+    from agentrl.algos import nonzero_variance_mask
+
+    kept = [t for t in group if t.trainable]
+    if not kept:
+        return FAILED
+    rewards, _ = _penalised_rewards(kept, settings)
+    if bool(nonzero_variance_mask(rewards).any()):
+        return None
+    return SOLVED if all(float(t.reward) >= settings.solved_reward for t in kept) else FAILED
 
 
 def _samples_of(t: Trajectory, advantage: float, reward: float) -> list[dict[str, Any]]:

@@ -5,6 +5,9 @@ Prompt ``i`` is dataset row ``i % num_rows``. A prompt is issued as one *group* 
 episodes). Its group either finishes with at least one trainable episode (it goes to the
 staleness queue), or is lost to the infrastructure: then the prompt is re-issued as a new group
 (id ``p<i>-<attempt>``), at most ``max_attempts`` times in this process, and abandoned after.
+Under refill the queue may set a finished group aside as carrying no learning signal: the
+ledger records it (:meth:`PromptLedger.record_set_aside`) as *sampled, no signal* — neither lost
+(not re-issued in this pass over the data) nor trained.
 
 The ledger and the :class:`~agentrl.engine.loop.staleness.StalenessQueue` together are the whole run
 state; :meth:`PromptLedger.snapshot` turns them into the one :class:`RunState` that checkpoints
@@ -21,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.engine.loop.run_state import RunState
-from agentrl.engine.loop.staleness import StalenessQueue
+from agentrl.engine.loop.staleness import RefillRound, StalenessQueue
 from agentrl.engine.common.summary import RunSummary
 from agentrl.engine.common.trajectory import AGENT_FAILURE, Trajectory
 from agentrl.errors import InfraError
@@ -76,6 +79,8 @@ class PromptLedger:
         """Groups lost one after the other, up to now."""
         self.last_error = ""
         """What the newest lost group failed on."""
+        self.set_aside: list[tuple[int, str]] = []
+        """``(prompt index, reason)`` of every group the queue set aside (refill), in order."""
 
     # ------------------------------------------------------------------ issuing
     def has_next(self) -> bool:
@@ -122,6 +127,18 @@ class PromptLedger:
         self.abandoned.append(idx)
         return Outcome.ABANDONED
 
+    def record_set_aside(self, idx: int, reason: str) -> None:
+        """Prompt ``idx``'s group was sampled but set aside as carrying no learning signal
+        (``reason``: ``"solved"`` or ``"failed"``): not trained, not lost, not re-issued."""
+        self.set_aside.append((idx, reason))
+
+    def set_aside_by_reason(self) -> dict[str, list[int]]:
+        """The set-aside prompt indices by reason, each list in order."""
+        out: dict[str, list[int]] = {}
+        for idx, reason in self.set_aside:
+            out.setdefault(reason, []).append(idx)
+        return out
+
     def cancel_all(self) -> list[int]:
         """Forget every group in flight (their results will never be read); their prompts."""
         prompts = [idx for idx, _ in self.in_flight.values()]
@@ -144,6 +161,8 @@ class PromptLedger:
             gen_tokens=self.gen_tokens,
             evals=list(evals),
             abandoned=list(self.abandoned),
+            set_aside=list(self.set_aside),
+            refill_round=replace(queue.round, set_aside=list(queue.round.set_aside)),
         )
 
     @classmethod
@@ -155,11 +174,15 @@ class PromptLedger:
         ledger.infra_failures, ledger.gen_tokens = state.infra_failures, state.gen_tokens
         ledger.agent_failures = state.agent_failures
         ledger.abandoned = list(state.abandoned)
-        queue.restore(state.queued, replace(state.stats, dropped_prompts=list(state.stats.dropped_prompts)), state.version)
+        ledger.set_aside = list(getattr(state, "set_aside", []))  # (a checkpoint written before refill has none)
+        held = getattr(state, "refill_round", None)
+        queue.restore(state.queued, replace(state.stats, dropped_prompts=list(state.stats.dropped_prompts)), state.version,
+                      replace(held, set_aside=list(held.set_aside)) if held is not None else RefillRound())
         return ledger
 
     def untrained(self, queue: StalenessQueue) -> list[int]:
-        """Issued prompts not trained (yet): in flight, waiting for a retry or queued."""
+        """Issued prompts not trained (yet): in flight, waiting for a retry or queued (set-aside
+        prompts are not among them: see :attr:`set_aside`)."""
         return sorted([idx for idx, _ in self.in_flight.values()] + list(self.retry) + [g[0].prompt_index for g in queue.waiting() if g])
 
     def summary(self, run_dir: Path, version: int, final: Path, queue: StalenessQueue) -> RunSummary:
@@ -177,4 +200,5 @@ class PromptLedger:
             untrained_prompts=self.untrained(queue),
             dropped_prompts=list(queue.stats.dropped_prompts),
             abandoned_prompts=list(self.abandoned),
+            set_aside_prompts=self.set_aside_by_reason(),
         )

@@ -7,6 +7,13 @@ group, the step, a load). A finished group is queued, or its prompt re-issued or
 the :class:`~agentrl.engine.loop.ledger.PromptLedger`; a finished step is logged, checkpointed and
 evaluated on schedule.
 
+Under refill (``algo.dynamic_sampling = "refill"``) the queue sets aside groups without a learning
+signal (:mod:`agentrl.engine.loop.staleness`); the loop records them in the ledger, in
+``audit/set_aside.jsonl`` and in the step's line of ``trained.jsonl``. A batch that comes out
+empty because every group sampled for it within the budget was *solved* ends the run early, as
+a success (:attr:`RLLoop.ended_early`); an empty batch for any other reason is a step that holds
+the weights (``hold_step``) and is diagnosed as degenerate.
+
 Everything the loop touches is injected: the queue, the ledger, the fleet, the publisher, the
 learner group, a clock and *hooks* — objects whose ``on_round(loop)`` and ``after_step(loop)``
 run at those points (fault injection in tests, see :mod:`agentrl.engine.testing`).
@@ -22,7 +29,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agentrl.engine.loop.batching import BatchSettings, batch_samples, staleness_histogram
+from agentrl.engine.common.audit import AuditLog, set_aside_audit_path
+from agentrl.engine.loop.batching import FAILED, SOLVED, BatchSettings, batch_samples, staleness_histogram
 from agentrl.engine.loop.critic_stage import CriticStage
 from agentrl.engine.loop.degenerate import diagnose_step
 from agentrl.engine.generation.fleet import GeneratorFleet
@@ -31,7 +39,7 @@ from agentrl.engine.loop.ledger import Outcome, PromptLedger
 from agentrl.engine.loop.publishing import WeightPublisher
 from agentrl.engine.common.run_dir import RunDir
 from agentrl.engine.loop.run_state import RunState
-from agentrl.engine.loop.staleness import StalenessQueue
+from agentrl.engine.loop.staleness import RefillRound, StalenessQueue
 from agentrl.engine.common.trajectory import Trajectory
 from agentrl.engine.common.waits import timed
 from agentrl.errors import AgentRLError, DegenerateRun, TimeoutError_
@@ -121,6 +129,11 @@ class RLLoop:
         self._worker_turn = itertools.count()
         self._train_task: asyncio.Future | None = None
         self._training_prompts: list[int] = []
+        self._training_round = RefillRound()
+        """The set-aside account of the batch in training (refill)."""
+        self.ended_early = ""
+        """Why the loop ended before ``max_steps`` (the task is mastered), in words; "" if it did not."""
+        self._set_aside_audit: AuditLog | None = None
         self._t_start = 0.0
         self._gen_tokens_at_start = 0
 
@@ -143,7 +156,10 @@ class RLLoop:
                     await hook.on_round(self)
                 if self._train_task is None and self.queue.ready():
                     batch = self.queue.take_batch()  # in prompt order: reproducible updates
+                    if not batch and self._mastered(self.queue.last_round):
+                        break
                     self._training_prompts = [g[0].prompt_index for g in batch if g]
+                    self._training_round = self.queue.last_round
                     self._train_task = asyncio.ensure_future(self._train(batch, self.version))
                 await self._wait_round()
         finally:
@@ -210,7 +226,9 @@ class RLLoop:
                                     "text": t.info.get("text", ""), "spans": t.info.get("spans", [])}) + "\n")
         outcome = self.ledger.finish(key, group, error)
         if outcome is Outcome.QUEUED:
-            self.queue.put(group)
+            reason = self.queue.put(group)
+            if reason is not None:  # refill: sampled, no learning signal
+                self._record_set_aside(group, reason)
             return
         # nothing of it can be trained: the prompt goes round again rather than filling a batch
         # slot with an empty group, a bounded number of times
@@ -226,7 +244,9 @@ class RLLoop:
         samples, stats = batch_samples(batch, self.batch)
         t0 = self.clock()
         what = f"learner step {version + 1}"
-        if self.critic is None:
+        if not batch:  # refill found no group with a learning signal within its budget
+            results = await self.learners.call("hold_step", what=what)
+        elif self.critic is None:
             results = await self.learners.call("train_step", samples, what=what)
         else:
             samples, gae_stats = await self.critic.advantages(samples, version)
@@ -262,6 +282,7 @@ class RLLoop:
         self.learner_busy_s += stats["learner_busy_s"]
         examples = stats.pop("_examples", [])
         self.queue.mark_trained(stats["samples_trained"])
+        stats.update(self._sampling_metrics(stats))
         problem = diagnose_step(stats, max_episode_tokens=s.max_episode_tokens)
         self.degenerate_in_a_row = self.degenerate_in_a_row + 1 if problem else 0
         if problem:
@@ -271,7 +292,14 @@ class RLLoop:
                 f.write(json.dumps({"version": version, **ex}) + "\n")
         self.queue.advance(version, served=self.fleet.reload is None)
         with self.run_dir.trained.open("a") as f:
-            f.write(json.dumps({"step": version, "prompts": self._training_prompts}) + "\n")
+            aside = {"set_aside": [list(x) for x in self._training_round.set_aside]} if self._training_round.set_aside else {}
+            f.write(json.dumps({"step": version, "prompts": self._training_prompts, **aside}) + "\n")
+        if self._training_round.short and stats["groups"]:
+            self.log.event(
+                f"step {version}: the sampling budget ran out (algo.max_sampling_factor; {len(self._training_round.set_aside)} groups "
+                f"set aside without a learning signal): trained {len(self._training_prompts)} of {self._batch_groups} groups",
+                step=version,
+            )
         ledger = self.ledger
         self.log.step(
             step=version,
@@ -298,6 +326,49 @@ class RLLoop:
             await self.evaluate(version)
         for hook in self.hooks:
             await hook.after_step(self)
+
+    # ------------------------------------------------------------------ dynamic sampling
+    @property
+    def _batch_groups(self) -> int:
+        return self.queue.batch_size // self.queue.group_size
+
+    def _record_set_aside(self, group: list[Trajectory], reason: str) -> None:
+        """Account for a group the queue set aside: the ledger, and the append-only audit log."""
+        idx = group[0].prompt_index
+        self.ledger.record_set_aside(idx, reason)
+        if self._set_aside_audit is None:
+            self._set_aside_audit = AuditLog(set_aside_audit_path(self.run_dir.root))
+        trainable = [t for t in group if t.trainable]
+        self._set_aside_audit.append({"prompt": idx, "group": group[0].group_id, "reason": reason,
+                                      "reward": trainable[0].reward if trainable else None, "version": self.version})
+
+    def _mastered(self, round: RefillRound) -> bool:
+        """Whether an empty batch with account ``round`` means the task is mastered: every group
+        sampled for it was set aside as solved. Then says so and sets :attr:`ended_early`."""
+        n = len(round.set_aside)
+        if not n or any(reason != SOLVED for _, reason in round.set_aside):
+            return False
+        self.ended_early = (
+            f"the model solves {n} of {n} training prompts sampled for step {self.version + 1} (every episode earned at "
+            f"least {self.batch.solved_reward:g}; the sampling budget, algo.max_sampling_factor, found no group with a "
+            f"learning signal): the task is mastered, the run ends at step {self.version} of {self.settings.max_steps}"
+        )
+        self.log.event(self.ended_early, mastered=True, step=self.version)
+        return True
+
+    def _sampling_metrics(self, stats: dict[str, Any]) -> dict[str, Any]:
+        """The step's dynamic-sampling numbers: groups sampled for it (batched or set aside),
+        groups with a learning signal, the refill factor (sampled / the batch's groups), groups
+        set aside as solved and as failed."""
+        aside = self._training_round.set_aside
+        sampled = stats["groups"] + len(aside)
+        return {
+            "groups_sampled": sampled,
+            "groups_with_signal": stats["groups"] - stats["zero_variance_groups"],
+            "refill_factor": sampled / max(1, self._batch_groups),
+            "set_aside_solved": sum(1 for _, r in aside if r == SOLVED),
+            "set_aside_failed": sum(1 for _, r in aside if r == FAILED),
+        }
 
     def snapshot(self) -> RunState:
         """The run state now (between steps): what a checkpoint stores."""

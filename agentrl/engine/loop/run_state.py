@@ -12,7 +12,8 @@ It is written under a temporary name and renamed into place, so a folder with ``
 complete; a run killed mid-checkpoint resumes from the previous one. Together with the
 ``trained.jsonl`` audit log (one line per learner step with the prompt indices it trained) this
 makes resume lossless: every prompt index below the cursor is trained exactly once, waiting in
-the queue, re-issued, or counted as dropped (stale or infra failure).
+the queue, re-issued, set aside as carrying no learning signal (refill, with its reason), or
+counted as dropped (stale or infra failure).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrl.engine.loop.staleness import QueueStats
+from agentrl.engine.loop.staleness import QueueStats, RefillRound
 from agentrl.engine.common.trajectory import Trajectory
 
 __all__ = [
@@ -66,6 +67,11 @@ class RunState:
     """Evaluation records so far."""
     abandoned: list[int] = field(default_factory=list)
     """Prompt indices given up after repeated infrastructure failures."""
+    set_aside: list[tuple[int, str]] = field(default_factory=list)
+    """``(prompt index, reason)`` of every group set aside as carrying no learning signal
+    (refill: ``"solved"`` or ``"failed"``), in order: sampled, never trained, not re-issued."""
+    refill_round: RefillRound | None = None
+    """The set-aside account of the batch in the making (refill; None: empty)."""
 
 
 def checkpoint_root(run_dir: Path) -> Path:

@@ -32,7 +32,7 @@ def test_advantages_per_group_and_infra_failures_left_out():
 
 def test_zero_variance_groups_dropped_and_overlong_penalty():
     batch = [[_traj(1.0, "a", 4), _traj(1.0, "a", 4)], [_traj(1.0, "b", 4), _traj(1.0, "b", 8)]]
-    ctl = _settings(advantage="dr_grpo", filter_zero_variance_groups=True, overlong_max_tokens=8, overlong_buffer_tokens=4)
+    ctl = _settings(advantage="dr_grpo", dynamic_sampling="drop", overlong_max_tokens=8, overlong_buffer_tokens=4)
     samples, stats = batch_samples(batch, ctl)
     # group b: 8 generated tokens sit at the end of the ramp -> penalty -1 -> rewards (1, 0)
     assert stats["zero_variance_groups_dropped"] == 1

@@ -34,7 +34,7 @@ def test_no_learning_signal_and_failures_and_healthy_steps():
     healthy = [[episode("a", 0, reward=1.0), episode("a", 1)], [episode("b", 0), episode("b", 1)]]
     _, stats = batch_samples(healthy, BatchSettings())
     assert diagnose_step(stats) is None and stats["samples_trained"] == 4
-    filtered = batch_samples(flat, BatchSettings(filter_zero_variance_groups=True))[1]
+    filtered = batch_samples(flat, BatchSettings(dynamic_sampling="drop"))[1]
     assert filtered["trained_tokens_batch"] == 0 and "no token was trained" in diagnose_step(filtered)
     assert diagnose_eval(summarise([episode("e", 0, reward=1.0)])) is None
     assert "every one of the 2 evaluation episodes failed" in diagnose_eval(summarise([episode("e", 0, status="infra_failure")] * 2))
