@@ -44,7 +44,7 @@ def diagnose_step(stats: dict[str, Any], *, max_episode_tokens: int | None = Non
     sampled = int(stats.get("groups_sampled", 0))
     if sampled and not stats.get("groups", 0):  # refill: the budget found no group with a learning signal
         failed, solved = int(stats.get("set_aside_failed", 0)), int(stats.get("set_aside_solved", 0))
-        hard = "too hard" if not solved else "too hard on some prompts and solved on the others"
+        hard = "too hard" if not solved else ("solved" if not failed else "too hard on some prompts and solved on the others")
         return (f"none of the {sampled} groups sampled for this step had a learning signal ({failed} with equal rewards "
                 f"below the solved reward, {solved} solved): every group had equal rewards, the sampling budget "
                 f"(algo.max_sampling_factor) is spent and the weights are held. The task is {hard} for the model as it "

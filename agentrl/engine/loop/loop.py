@@ -359,13 +359,14 @@ class RLLoop:
     def _sampling_metrics(self, stats: dict[str, Any]) -> dict[str, Any]:
         """The step's dynamic-sampling numbers: groups sampled for it (batched or set aside),
         groups with a learning signal, the refill factor (sampled / the batch's groups), groups
-        set aside as solved and as failed."""
+        set aside whose admission went to a later group, groups set aside as solved and as failed."""
         aside = self._training_round.set_aside
         sampled = stats["groups"] + len(aside)
         return {
             "groups_sampled": sampled,
             "groups_with_signal": stats["groups"] - stats["zero_variance_groups"],
             "refill_factor": sampled / max(1, self._batch_groups),
+            "groups_refilled": self._training_round.refilled,
             "set_aside_solved": sum(1 for _, r in aside if r == SOLVED),
             "set_aside_failed": sum(1 for _, r in aside if r == FAILED),
         }
