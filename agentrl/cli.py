@@ -2,7 +2,8 @@
 
 ::
 
-    agentrl train RECIPE [--set section.key=value ...]   run an experiment
+    agentrl train RECIPE [--set section.key=value ...]   run an experiment (resumes from its newest checkpoint)
+          [--fresh | --resume-from RUN_DIR/checkpoints/step_N]
     agentrl check RECIPE [--set section.key=value ...]   validate a recipe without running it
     agentrl eval RECIPE --checkpoint DIR                  held-out metrics of a checkpoint
     agentrl report RUN_DIR                                plots and a summary of a run
@@ -58,6 +59,12 @@ def _parser() -> argparse.ArgumentParser:
         if name == "check":
             c.add_argument("--dry-run", action="store_true",
                            help="also resolve the model, data, environment and sandbox offline")
+        else:
+            start = c.add_mutually_exclusive_group()
+            start.add_argument("--fresh", action="store_true",
+                               help="start over at step 0; an earlier run in the run directory is renamed aside (RUN_DIR.old-DATE)")
+            start.add_argument("--resume-from", metavar="DIR/STEP",
+                               help="go on from this checkpoint (RUN_DIR/checkpoints/step_N) or run directory (its newest checkpoint)")
     ev = sub.add_parser("eval", help="evaluate a checkpoint on the recipe's held-out rows (mode eval)")
     ev.add_argument("recipe", help="path to a TOML recipe")
     ev.add_argument("--checkpoint", required=True, help="a Hugging Face folder (e.g. RUN_DIR/final) or hub id")
@@ -102,7 +109,7 @@ def _train(args: argparse.Namespace, hooks: Sequence[Any] = ()) -> int:
 
     recipe = load_recipe(args.recipe, args.overrides)
     _stop_on_signals()
-    controller = Controller(recipe, hooks=hooks)
+    controller = Controller(recipe, hooks=hooks, fresh=getattr(args, "fresh", False), resume_from=getattr(args, "resume_from", None))
     try:
         summary = controller.run()
     except AgentRLError as exc:

@@ -583,11 +583,12 @@ class CheckpointConfig(_Section):
     """Resumable checkpoints (learner state, weights, queue, dataset cursor together)."""
 
     every_steps: int = Field(0, ge=0)
-    """Write a checkpoint every this many learner steps; 0 = never (only the final weights)."""
+    """Also write a checkpoint every this many learner steps; 0 = not by step count."""
     keep: int = Field(2, gt=0)
     """Complete checkpoints kept on disk."""
     resume: bool = True
-    """Resume from the newest checkpoint in the run directory when there is one."""
+    """Resume from the newest checkpoint in the run directory when there is one (``agentrl train
+    --fresh`` starts over instead, keeping the old run beside it)."""
 
 
 class WandbConfig(_Section):
@@ -599,6 +600,15 @@ class WandbConfig(_Section):
     entity: str | None = None
     """W&B entity (user or team); None = the account's default."""
     name: str | None = None
+    every_minutes: float = Field(10.0, ge=0, allow_inf_nan=False)
+    """Write a checkpoint after the first learner step that ends at least this many minutes after
+    the previous checkpoint (or the start of RL); 0 = none by time. With ``first_step`` and
+    ``at_eval`` this default makes every run resumable and its learner restartable (failover)."""
+    first_step: bool = True
+    """Also write a checkpoint right after learner step 1, so that a learner that dies early is
+    restarted from it instead of ending the run."""
+    at_eval: bool = True
+    """Also write a checkpoint at every mid-run evaluation (``eval.every_steps``)."""
     """Run name; None = the recipe's ``name``."""
     mode: Literal["online", "offline"] = "online"
     """``online`` streams to the W&B server (needs ``WANDB_API_KEY`` or ``wandb login``);

@@ -36,7 +36,6 @@ from agentrl.engine.rewards.reward_actors import RewardActors, start_reward_acto
 from agentrl.engine.common.run_dir import RunDir
 from agentrl.engine.loop.run_state import (
     RunState,
-    latest_checkpoint,
     link_tree,
     read_state,
     truncate_logs,
@@ -44,6 +43,7 @@ from agentrl.engine.loop.run_state import (
 from agentrl.engine.loop.staleness import StalenessQueue
 from agentrl.engine.common.summary import RunSummary, write_summary
 from agentrl.engine.common.waits import timed
+from agentrl.errors import ConfigError
 
 __all__ = ["Controller", "RunSummary"]
 
@@ -52,10 +52,14 @@ class Controller:
     """Runs one recipe to completion: ``Controller(recipe).run()``.
 
     ``hooks``: objects called at fixed points of the RL loop (see
-    :class:`~agentrl.engine.loop.loop.LoopHook`; fault injection in tests)."""
+    :class:`~agentrl.engine.loop.loop.LoopHook`; fault injection in tests). ``fresh``: start
+    over, an earlier run in the run directory renamed aside; ``resume_from``: a checkpoint folder
+    (or run directory) to go on from (:mod:`agentrl.engine.run_start`)."""
 
-    def __init__(self, recipe: Recipe, *, hooks: Sequence[LoopHook] = ()) -> None:
+    def __init__(self, recipe: Recipe, *, hooks: Sequence[LoopHook] = (), fresh: bool = False, resume_from: str | Path | None = None) -> None:
         self.recipe = recipe
+        self.fresh = fresh
+        self.resume_from = resume_from
         self.run_dir = RunDir(recipe.resolved_run_dir())
         self.hooks = list(hooks)
         self.rewards = RewardActors()
@@ -73,10 +77,18 @@ class Controller:
         rd.root.mkdir(parents=True, exist_ok=True)
         rd.recipe.write_text(json.dumps(r.model_dump(mode="json"), indent=2))
         log = MetricsLogger(rd.root, max_steps=r.learner.max_steps, sinks=self._metric_sinks())
+        from agentrl.engine.run_start import plan_start
+
         rows = load_rows(r.data.source, split=r.data.split, fields=r.data.fields or None, limit=r.data.limit, seed=r.seed)
+        training = r.mode in ("async", "sync")
+        if not training and (self.fresh or self.resume_from is not None):
+            raise ConfigError(f"--fresh and --resume-from are for training runs (mode async or sync); this recipe's mode is {r.mode!r}")
+        start = plan_start(rd, fresh=self.fresh, resume_from=self.resume_from, resume=r.checkpoint.resume, model_path=r.model.path) if training else None
         model = prepare_model(r, rows, log)
         started_ray = start_ray(wiring.ray_init_kwargs(r))
         learners = self._learner_group()
+        if start is not None and start.message:
+            log.event(start.message)
         critic = self._critic_group() if r.algo.advantage == "gae" and r.mode in ("async", "sync") else None
         fleet: GeneratorFleet | None = None
         try:
@@ -86,7 +98,7 @@ class Controller:
             if r.mode == "sft":
                 return self._summarise(RunSummary(rd.root, r.sft.steps, 0, Path(model), 0, 0, 0), [])
             tokenizer = model  # the RL starting point: tokenizer and KL reference, also on a resume
-            ckpt = latest_checkpoint(rd.root) if r.checkpoint.resume and r.mode in ("async", "sync") else None
+            ckpt = start.checkpoint if start is not None else None
             state = self._resume_from(ckpt, log) if ckpt is not None else None
             adapters = r.lora is not None  # versions are adapters over the starting model
             if ckpt is not None and not adapters:

@@ -296,6 +296,9 @@ def loop_settings(recipe: Recipe) -> LoopSettings:
         checkpoint_every=r.checkpoint.every_steps,
         eval_every=r.eval.every_steps,
         max_degenerate_steps=r.learner.max_degenerate_steps,
+        checkpoint_every_s=60.0 * r.checkpoint.every_minutes,
+        checkpoint_first_step=r.checkpoint.first_step,
+        checkpoint_at_eval=r.checkpoint.at_eval,
         max_episode_tokens=min(r.rollout.max_episode_tokens, r.generator.max_model_len),
     )
 

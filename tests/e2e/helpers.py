@@ -1,17 +1,20 @@
 """What the end-to-end tests share: the `agentrl train` command line of the tiny recipe, killing
-a run mid-way, reading its steps, checking its append-only audit logs after a learner was killed,
-and a vLLM OpenAI server in a subprocess."""
+a run mid-way, interrupting one with Ctrl-C (and finding what it left behind), reading its steps,
+checking its append-only audit logs after a learner was killed, a vLLM OpenAI server in a
+subprocess, and the allowlist of the lines `agentrl train` may print."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +22,8 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from rich.markup import escape
+from rich.text import Text
 
 from agentrl.cli import train_command
 from agentrl.engine.common.audit import episodes_audit_path, learner_audit_path, read_audit
@@ -97,6 +102,77 @@ def run_then_kill(cmd: list[str], run_dir: Path, log_path: Path, *, min_step: in
     finally:
         kill_tree(proc)
     return max(steps(run_dir))
+
+
+def processes_with_token(token: str) -> list[str]:
+    """Live, non-zombie processes anywhere on the machine whose environment holds ``token`` as
+    ``AGENTRL_TEST_RUN_TOKEN`` ("pid command line"). Every process of a run started with it has
+    it (Ray's workers and vLLM's engines inherit the driver's environment), so this scans the
+    whole machine rather than the descendants that happened to be sampled while the run lived."""
+    found = []
+    for p in psutil.process_iter(["pid", "status"]):
+        try:
+            if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
+                continue
+            if p.environ().get("AGENTRL_TEST_RUN_TOKEN") == token:
+                found.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def run_then_ctrl_c(cmd: list[str], run_dir: Path, log_path: Path, env: dict[str, str], *, min_step: int,
+                    timeout_s: float = 600) -> None:
+    """Start ``cmd`` with a fresh ``AGENTRL_TEST_RUN_TOKEN`` in ``env``; once ``run_dir`` holds a
+    checkpoint and step ``min_step`` is logged, send SIGINT (what Ctrl-C sends to the foreground
+    process) and check that the run stops cleanly: exit status 130 (1 would be a crash),
+    "agentrl: interrupted" said, and within 15 s no process of the run is left anywhere on the
+    machine (by token, and every descendant sampled while it ran). Fails the test otherwise, or
+    if the run dies or does not get there within ``timeout_s``."""
+    token = f"agentrl-interrupt-{uuid.uuid4().hex}"
+    env = {**env, "AGENTRL_TEST_RUN_TOKEN": token}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    seen: dict[int, psutil.Process] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            for p in psutil.Process(proc.pid).children(recursive=True):
+                seen.setdefault(p.pid, p)
+            if list((run_dir / "checkpoints").glob("step_*/state.pkl")) and max(steps(run_dir), default=0) >= min_step:
+                break
+            assert proc.poll() is None, log_path.read_text()[-4000:]
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"the run did not reach step {min_step} in {timeout_s:.0f} s")
+        for p in psutil.Process(proc.pid).children(recursive=True):
+            seen.setdefault(p.pid, p)
+        assert len(seen) >= 3  # ray, the generator's vLLM engine, the learner...
+        assert processes_with_token(token)  # the token does reach the run's processes
+        os.kill(proc.pid, signal.SIGINT)
+        rc = proc.wait(timeout=120)
+        assert rc == 130, (rc, log_path.read_text()[-4000:])  # 1 would be a crash
+        assert "agentrl: interrupted" in log_path.read_text()
+        deadline = time.monotonic() + 15
+        while (alive := processes_with_token(token)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not alive, "left behind after Ctrl-C:\n" + "\n".join(alive)
+        gone = []
+        for p in seen.values():
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    gone.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+            except psutil.NoSuchProcess:
+                pass
+        assert not gone, "left behind after Ctrl-C:\n" + "\n".join(gone)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for p in seen.values():
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
 
 
 def sample_prompt(sample_id: str) -> int:
@@ -198,3 +274,31 @@ def vllm_server(model: Path | str, log_path: Path, *args: str, env: dict[str, st
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+AGENTRL_LINES = (
+    # the progress line of every learner step off a terminal (agentrl.engine.metrics.MetricsLogger.step)
+    r"step +\d+ v\d+ +reward -?\d+\.\d{3}  gen +\d+\.\d tok/s  train +\d+\.\d tok/s  queue +\d+  "
+    r"staleness \{(\d+:\d+( \d+:\d+)*)?\}  infra \d+  t=\d+s(  \(judge/RM could not score \d+\))?",
+    # an evaluation (agentrl.engine.loop.evaluation.Evaluator)
+    r"eval v\d+: accuracy \d\.\d{3}  tool-call rate \d\.\d{3}  turns \d+\.\d{2}  \(\d+ episodes, \d+ s\)",
+    # the last line of `agentrl train` (agentrl.cli)
+    r"done: \d+ steps, weight version \d+, \d+ samples trained, \d+ dropped as stale, \d+ infra failures, "
+    r"\d+ agent failures; checkpoint \S+",
+)
+
+
+def foreign_lines(console: str, run_dir) -> list[str]:
+    """The lines of ``console`` that are not agentrl's: each must match one of ``AGENTRL_LINES``,
+    or be an event or a warning the run logged in ``RUN_DIR/metrics.jsonl``, as
+    ``MetricsLogger.event`` / ``.warning`` print it (rich markup around the escaped message:
+    ``[dim]message[/]``, ``[bold yellow]warning:[/] message``; brackets in a message are text)."""
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    logged = set()
+    for e in events:
+        if e["kind"] == "event":
+            message = escape(e["message"])
+            printed = f"[bold yellow]warning:[/] {message}" if e.get("warning") else f"[dim]{message}[/]"
+            logged.update(Text.from_markup(printed).plain.splitlines())
+    formats = [re.compile(p) for p in AGENTRL_LINES]
+    return [line for line in console.splitlines() if line not in logged and not any(f.fullmatch(line) for f in formats)]

@@ -60,7 +60,14 @@ class LoopSettings:
     stuck_timeout_s: float
     """Longest wait for *anything* to finish in one round (a last guard: every wait has its own)."""
     checkpoint_every: int = 0
-    """Checkpoint after every this many steps (0: never)."""
+    """Checkpoint after every this many steps (0: not by step count)."""
+    checkpoint_every_s: float = 0.0
+    """Checkpoint after the first step that ends this many seconds after the previous checkpoint
+    (or the loop's start); 0: not by time."""
+    checkpoint_first_step: bool = False
+    """Checkpoint after step 1 (a learner that dies early restarts from it)."""
+    checkpoint_at_eval: bool = False
+    """Checkpoint at every mid-run evaluation (``eval_every``)."""
     eval_every: int = 0
     """Evaluate after every this many steps (0: never)."""
     max_degenerate_steps: int = 0
@@ -135,6 +142,8 @@ class RLLoop:
         """Why the loop ended before ``max_steps`` (the task is mastered), in words; "" if it did not."""
         self._set_aside_audit: AuditLog | None = None
         self._t_start = 0.0
+        self._last_checkpoint_t = 0.0
+        """When the previous checkpoint was written (the loop's clock; the loop's start before the first)."""
         self._gen_tokens_at_start = 0
 
     # ------------------------------------------------------------------ the loop
@@ -144,6 +153,7 @@ class RLLoop:
         s = self.settings
         await self.fleet.mark_busy()
         self._t_start = self.clock()
+        self._last_checkpoint_t = self._t_start
         self._gen_tokens_at_start = self.ledger.gen_tokens
         self.log.event(f"RL loop started at version {self.version}", loop_start=True, step=self.version)
         try:
@@ -318,14 +328,26 @@ class RLLoop:
                 f"stopped after {self.degenerate_in_a_row} degenerate steps in a row (learner.max_degenerate_steps="
                 f"{s.max_degenerate_steps}, 0 never stops): {problem}"
             )
-        if self.checkpoint is not None and s.checkpoint_every and version % s.checkpoint_every == 0 and version < s.max_steps:
+        if self.checkpoint is not None and version < s.max_steps and self._checkpoint_due(version):
             await self.checkpoint(self.snapshot())
+            self._last_checkpoint_t = self.clock()
         if self.evaluate is not None and s.eval_every and version % s.eval_every == 0 and version < s.max_steps:
             await self.fleet.finish_reload()  # evaluate the new version, not the one before
             self.queue.serve(version)
             await self.evaluate(version)
         for hook in self.hooks:
             await hook.after_step(self)
+
+    def _checkpoint_due(self, version: int) -> bool:
+        """Whether step ``version`` is checkpointed: by step count, after step 1, at a mid-run
+        evaluation, or when ``checkpoint_every_s`` passed since the previous checkpoint."""
+        s = self.settings
+        return bool(
+            (s.checkpoint_every and version % s.checkpoint_every == 0)
+            or (s.checkpoint_first_step and version == 1)
+            or (s.checkpoint_at_eval and s.eval_every and self.evaluate is not None and version % s.eval_every == 0)
+            or (s.checkpoint_every_s and self.clock() - self._last_checkpoint_t >= s.checkpoint_every_s)
+        )
 
     # ------------------------------------------------------------------ dynamic sampling
     @property
