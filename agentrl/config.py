@@ -579,9 +579,35 @@ class EvalConfig(_Section):
     """Longest wait for one evaluation, seconds."""
 
 
+class PlacementConfig(_Section):
+    """Where generation and training run (:mod:`agentrl.placement_plan`)."""
+
+    mode: Literal["auto", "separate", "colocated"] = "auto"
+    """``separate``: generators and learner ranks on devices of their own, running at the same
+    time (training on samples up to ``algo.max_staleness`` versions old). ``colocated``: they
+    share the same devices and take turns, each phase with all of them (on-policy: the staleness
+    bound in force is 0). ``auto``: colocated when both sides would share devices (one machine
+    without GPUs, or too few GPUs to hold them apart), separate otherwise; the run's first lines
+    say which and why."""
+    gpu_memory_gib: float | None = Field(None, gt=0)
+    """Memory of one GPU, GiB, for planning a colocated GPU run on a machine without that GPU
+    (``agentrl check --dry-run``); None: read from the device when the run starts."""
+    gpus_per_node: int | None = Field(None, ge=0)
+    """GPUs of the machine the dry run plans for (None: this machine's)."""
+
+
 class CheckpointConfig(_Section):
     """Resumable checkpoints (learner state, weights, queue, dataset cursor together)."""
 
+    every_minutes: float = Field(10.0, ge=0, allow_inf_nan=False)
+    """Write a checkpoint after the first learner step that ends at least this many minutes after
+    the previous checkpoint (or the start of RL); 0 = none by time. With ``first_step`` and
+    ``at_eval`` this default makes every run resumable and its learner restartable (failover)."""
+    first_step: bool = True
+    """Also write a checkpoint right after learner step 1, so that a learner that dies early is
+    restarted from it instead of ending the run."""
+    at_eval: bool = True
+    """Also write a checkpoint at every mid-run evaluation (``eval.every_steps``)."""
     every_steps: int = Field(0, ge=0)
     """Also write a checkpoint every this many learner steps; 0 = not by step count."""
     keep: int = Field(2, gt=0)
@@ -600,15 +626,6 @@ class WandbConfig(_Section):
     entity: str | None = None
     """W&B entity (user or team); None = the account's default."""
     name: str | None = None
-    every_minutes: float = Field(10.0, ge=0, allow_inf_nan=False)
-    """Write a checkpoint after the first learner step that ends at least this many minutes after
-    the previous checkpoint (or the start of RL); 0 = none by time. With ``first_step`` and
-    ``at_eval`` this default makes every run resumable and its learner restartable (failover)."""
-    first_step: bool = True
-    """Also write a checkpoint right after learner step 1, so that a learner that dies early is
-    restarted from it instead of ending the run."""
-    at_eval: bool = True
-    """Also write a checkpoint at every mid-run evaluation (``eval.every_steps``)."""
     """Run name; None = the recipe's ``name``."""
     mode: Literal["online", "offline"] = "online"
     """``online`` streams to the W&B server (needs ``WANDB_API_KEY`` or ``wandb login``);
@@ -766,6 +783,8 @@ class Recipe(_Section):
     """Held-out evaluation."""
     checkpoint: CheckpointConfig = CheckpointConfig()
     """Checkpoints and resume."""
+    placement: PlacementConfig = PlacementConfig()
+    """Generation and training on devices of their own, or taking turns on the same ones."""
     lora: LoraConfig | None = None
     """Adapter-only training (absent: full fine-tuning)."""
     critic: CriticConfig | None = None
@@ -844,8 +863,9 @@ class Recipe(_Section):
 
     @property
     def max_staleness(self) -> int:
-        """The staleness bound in force: 0 in ``sync`` mode, else ``algo.max_staleness``."""
-        return 0 if self.mode == "sync" else self.algo.max_staleness
+        """The staleness bound in force: 0 in ``sync`` mode and colocated (generation and training
+        take turns: :mod:`agentrl.placement_plan`), else ``algo.max_staleness``."""
+        return 0 if self.mode == "sync" or self.placement.mode == "colocated" else self.algo.max_staleness
 
     def resolved_run_dir(self) -> Path:
         """The run directory as an absolute path (a relative ``run_dir``, or ``runs/<name>``,
