@@ -1,26 +1,47 @@
 """Dataset rows for environments: synthetic tasks, local files and Hugging Face Hub datasets.
 
-A *row* is a ``dict`` an episode is about (``env.reset(options={"row": row})``); every row has
-at least ``"question"`` and ``"answer"``.
+A *row* is a ``dict`` an episode is about (``env.reset(options={"row": row})``). Every row has an
+``"answer"`` and a prompt: a ``"question"`` (text), or ``"messages"``, a prompt conversation
+(``[{"role": "system" | "user" | "assistant", "content": str}, ...]`` ending with a user turn);
+a row of ``messages`` without a question gets ``"question"`` = the content of its last user
+message, so that every environment can use it.
+
+Local or hub is decided without the network: ``synthetic:...`` is generated; a path with a data
+file suffix (``.jsonl``, ``.json``, ``.csv``, ``.parquet``), a path that exists, or one spelled
+like a local path (``./x``, ``../x``, ``/x``, ``~/x``, ``a/b/c``, another suffix) is a local
+file; anything else (``name``, ``owner/name``, ``owner/name:config``) is a Hub dataset, never
+tried while ``HF_HUB_OFFLINE`` or ``HF_DATASETS_OFFLINE`` is set.
+
+Errors name where: ``data/train.jsonl: line 7: not valid JSON (...)``,
+``data/train.jsonl: row 3 (line 3): field 'answer' is null``. Rows and lines count from 1.
 """
 
 from __future__ import annotations
 
+import csv
+import json
+import os
 import zlib
 from pathlib import Path
 from typing import Any
 
 from agentrl.errors import DataError
 
-__all__ = ["load_rows", "REQUIRED_FIELDS", "SYNTHETIC_DEFAULT_ROWS"]
+__all__ = ["load_rows", "REQUIRED_FIELDS", "PROMPT_FIELDS", "SYNTHETIC_DEFAULT_ROWS", "is_local_source"]
 
-REQUIRED_FIELDS: tuple[str, ...] = ("question", "answer")
-"""Fields every row must have (not missing, not None)."""
+REQUIRED_FIELDS: tuple[str, ...] = ("answer",)
+"""Fields every row must have (not missing, not None), besides a prompt (:data:`PROMPT_FIELDS`)."""
+
+PROMPT_FIELDS: tuple[str, ...] = ("question", "messages")
+"""A row's prompt: one of these, not missing and not None."""
 
 SYNTHETIC_DEFAULT_ROWS = 1000
 """Rows a synthetic source yields when ``limit`` is None."""
 
-_FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+FILE_TYPES: tuple[str, ...] = (".jsonl", ".json", ".csv", ".parquet")
+"""Suffixes of the local data files agentrl reads."""
+
+_OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 
 def load_rows(
@@ -36,10 +57,11 @@ def load_rows(
     Args:
         source: where the rows come from —
             ``"synthetic:calc"``, ``"synthetic:linear"``, ``"synthetic:word"``,
-            ``"synthetic:turns"``: generated
-            problems with exact answers (see :mod:`agentrl.envs.synthetic`);
-            a path ending in ``.jsonl``, ``.json`` or ``.parquet``: a local file, read with
-            ``datasets.load_dataset("json" | "parquet", data_files=path)``;
+            ``"synthetic:turns"``: generated problems with exact answers (see
+            :mod:`agentrl.envs.synthetic`);
+            a local file (:func:`is_local_source`): ``.jsonl`` (one JSON object a line),
+            ``.json`` (a list of objects, or JSON lines), ``.csv`` (a header row; values are
+            strings), ``.parquet``;
             anything else: a Hugging Face Hub dataset name, optionally ``"name:config"``
             (``"openai/gsm8k:main"``).
         split: the Hub split to read. For synthetic sources it picks a disjoint stream of
@@ -52,21 +74,44 @@ def load_rows(
         seed: the generator seed of synthetic sources; files and Hub datasets are not shuffled.
 
     Raises:
-        DataError: unknown synthetic task, missing or unreadable file, unknown Hub dataset, or a
-            row without ``"question"``/``"answer"`` (the message names the source and row index).
+        DataError: unknown synthetic task, missing or unreadable file (naming the file and the
+            1-based line of a broken JSON line), a Hub dataset that cannot be loaded (at once
+            when offline), or a row without an answer or a prompt (naming the source, the
+            1-based row, its line in a JSON lines file, and the field).
     """
     if limit is not None and limit < 0:
         raise DataError(f"{source}: limit must be >= 0, got {limit}")
     if source.startswith("synthetic:"):
         return _synthetic(source, split, limit, seed)
-    path = Path(source).expanduser()
-    if path.suffix.lower() in _FILE_BUILDERS or path.exists():
-        table = _load_file(path)
+    if is_local_source(source):
+        raw, lines = _load_file(Path(source).expanduser(), limit)
     else:
-        table = _load_hub(source, split)
-    if limit is not None:
-        table = table.select(range(min(limit, len(table))))
-    return _rows(source, table.to_list(), fields or {})
+        raw, lines = _load_hub(source, split, limit), None
+    return _rows(source, raw, fields or {}, lines)
+
+
+def is_local_source(source: str) -> bool:
+    """Whether ``source`` names a local file (decided without the network): it exists, has a
+    data file suffix, or is spelled like a path rather than a Hub id (``./``, ``../``, ``/``,
+    ``~``, more than one ``/``, a backslash, or any other suffix)."""
+    path = Path(source).expanduser()
+    if path.exists() or path.suffix.lower() in FILE_TYPES:
+        return True
+    repo = source.partition(":")[0] if not source.startswith(("/", "~", ".")) else source
+    return (
+        source.startswith(("./", "../", "/", "~", ".\\"))
+        or "\\" in source
+        or repo.count("/") > 1
+        or bool(Path(repo).suffix)
+    )
+
+
+def _offline() -> str | None:
+    """The variable that makes this process offline for the Hub, or None."""
+    for name in _OFFLINE_VARS:
+        if os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on"):
+            return name
+    return None
 
 
 def _synthetic(source: str, split: str, limit: int | None, seed: int) -> list[dict[str, Any]]:
@@ -81,42 +126,116 @@ def _synthetic(source: str, split: str, limit: int | None, seed: int) -> list[di
     return SYNTHETIC_TASKS[task](n, split_seed)
 
 
-def _load_file(path: Path) -> Any:
-    import datasets
-
+def _load_file(path: Path, limit: int | None) -> tuple[list[Any], list[int] | None]:
+    """The raw rows of a local file (at most ``limit``) and, for JSON lines, each row's 1-based
+    line number (None for other formats)."""
+    kinds = ", ".join(FILE_TYPES)
     if not path.exists():
-        raise DataError(f"{path}: no such data file")
+        hint = "" if path.suffix.lower() in FILE_TYPES else f" (a local data file ends in {kinds}; a Hub dataset is named like 'owner/name')"
+        raise DataError(f"{path}: no such data file{hint}")
     if not path.is_file():
-        raise DataError(f"{path}: not a data file (a .jsonl, .json or .parquet file is expected)")
-    builder = _FILE_BUILDERS.get(path.suffix.lower())
-    if builder is None:
-        raise DataError(f"{path}: unsupported data file type {path.suffix!r} (use .jsonl, .json or .parquet)")
+        raise DataError(f"{path}: a directory, not a data file (give a {kinds} file)")
+    suffix = path.suffix.lower()
+    if suffix not in FILE_TYPES:
+        raise DataError(f"{path}: unsupported data file type {suffix or '(no suffix)'!r} (use {kinds})")
     try:
-        return datasets.load_dataset(builder, data_files=str(path), split="train")
-    except Exception as exc:  # DatasetGenerationError, pyarrow errors, JSON errors
+        if suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(path)
+            if limit is not None:
+                table = table.slice(0, limit)
+            return table.to_pylist(), None
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
         raise DataError(f"{path}: cannot read the data file: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # pyarrow.ArrowInvalid: not a parquet file
+        raise DataError(f"{path}: cannot read the Parquet file: {type(exc).__name__}: {exc}") from exc
+    if suffix == ".csv":
+        rows = list(csv.DictReader(text.splitlines()))
+        return (rows if limit is None else rows[:limit]), None
+    if suffix == ".json" and text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}: line {exc.lineno}, column {exc.colno}: not valid JSON ({exc.msg})") from None
+        return (rows if limit is None else rows[:limit]), None
+    return _json_lines(path, text, limit)
 
 
-def _load_hub(name: str, split: str) -> Any:
+def _json_lines(path: Path, text: str, limit: int | None) -> tuple[list[Any], list[int]]:
+    rows: list[Any] = []
+    lines: list[int] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if limit is not None and len(rows) >= limit:
+            break
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}: line {number}: not valid JSON ({exc.msg} at column {exc.colno}): {line[:80]!r}") from None
+        lines.append(number)
+    return rows, lines
+
+
+def _load_hub(name: str, split: str, limit: int | None) -> list[Any]:
+    offline = _offline()
+    if offline is not None:
+        raise DataError(
+            f"{name}: no such local file, and this machine is offline for the Hugging Face Hub ({offline} is set): "
+            "give a local .jsonl/.json/.csv/.parquet file, or unset it to load the Hub dataset"
+        )
     import datasets
 
     repo, _, config = name.partition(":")
     try:
-        return datasets.load_dataset(repo, config or None, split=split)
+        table = datasets.load_dataset(repo, config or None, split=split)
     except Exception as exc:  # DatasetNotFoundError, connection errors, unknown split
         raise DataError(f"{name}: cannot load split {split!r} from the Hugging Face Hub: {type(exc).__name__}: {exc}") from exc
+    if limit is not None:
+        table = table.select(range(min(limit, len(table))))
+    return table.to_list()
 
 
-def _rows(source: str, raw: list[dict[str, Any]], fields: dict[str, str]) -> list[dict[str, Any]]:
+def _is_conversation(value: Any) -> bool:
+    return (
+        isinstance(value, list) and bool(value)
+        and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value)
+    )
+
+
+def _rows(source: str, raw: list[Any], fields: dict[str, str], lines: list[int] | None) -> list[dict[str, Any]]:
     rows = []
     for i, row in enumerate(raw):
+        where = f"{source}: row {i + 1}" + (f" (line {lines[i]})" if lines is not None else "")
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: expected an object with fields, got {type(row).__name__} {str(row)[:60]!r}")
         out = dict(row)
         for ours, theirs in fields.items():
             out[ours] = row.get(theirs)
+
+        def missing(name: str) -> str:
+            col = fields.get(name, name)
+            via = f" (mapped from column {col!r})" if col != name else ""
+            present = sorted(k for k, v in row.items() if v is not None)
+            nulls = sorted(k for k, v in row.items() if v is None)
+            state = "is null" if col in row else "is missing"
+            return (f"{where}: field {name!r}{via} {state}; its fields with values: {present}"
+                    + (f" (null: {nulls})" if nulls else ""))
+
         for name in REQUIRED_FIELDS:
             if out.get(name) is None:
-                col = fields.get(name, name)
-                via = f" (mapped from column {col!r})" if col != name else ""
-                raise DataError(f"{source}: row {i} has no field {name!r}{via}; its columns: {sorted(row)}")
+                raise DataError(missing(name))
+        if out.get("question") is None:
+            conversation = out.get("messages")
+            if conversation is None:
+                raise DataError(missing("question") + " (a row's prompt is a 'question' or a 'messages' conversation)")
+            if not _is_conversation(conversation):
+                raise DataError(f"{where}: field 'messages' must be a non-empty list of {{'role': str, 'content': str}}, got {str(conversation)[:80]!r}")
+            users = [m["content"] for m in conversation if m["role"] == "user"]
+            if not users:
+                raise DataError(f"{where}: field 'messages' has no user message (roles: {[m['role'] for m in conversation]})")
+            out["question"] = users[-1]
         rows.append(out)
     return rows

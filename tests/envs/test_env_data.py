@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.envs.calc import generate_problems
-from agentrl.envs.data import SYNTHETIC_DEFAULT_ROWS, load_rows
+from agentrl.envs.data import SYNTHETIC_DEFAULT_ROWS, is_local_source, load_rows
 from agentrl.errors import DataError
 
 
@@ -52,21 +52,93 @@ def test_json_and_parquet(tmp_path: Path) -> None:
 
 def test_missing_field_names_file_and_row(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "bad.jsonl", [{"question": "q", "answer": "1"}, {"question": "q2"}])
-    with pytest.raises(DataError, match=r"bad\.jsonl: row 1 has no field 'answer'"):
+    with pytest.raises(DataError, match=r"bad\.jsonl: row 2 \(line 2\): field 'answer' is missing; its fields with values: \['question'\]"):
         load_rows(str(path))
-    with pytest.raises(DataError, match=r"row 0 has no field 'question' \(mapped from column 'problem'\)"):
+    with pytest.raises(DataError, match=r"row 1 \(line 1\): field 'question' \(mapped from column 'problem'\) is missing"):
         load_rows(str(path), fields={"question": "problem"})
 
 
-def test_missing_and_unreadable_files(tmp_path: Path) -> None:
+def test_a_null_field_is_named_null_and_not_listed_as_present(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "null.jsonl", [{"question": "q", "answer": "1"}, {}, {"question": "q2", "answer": None}][::2])
+    with pytest.raises(DataError, match=r"null\.jsonl: row 2 \(line 2\): field 'answer' is null; its fields with values: \['question'\] \(null: \['answer'\]\)"):
+        load_rows(str(path))
+
+
+def test_rows_count_from_one_in_every_format(tmp_path: Path) -> None:
+    (tmp_path / "d.csv").write_text("question,answer\nq1,1\nq2,\n")
+    (tmp_path / "d.json").write_text(json.dumps([{"question": "q", "answer": None}]))
+    with pytest.raises(DataError, match=r"d\.json: row 1: field 'answer' is null"):
+        load_rows(str(tmp_path / "d.json"))
+    assert load_rows(str(tmp_path / "d.csv"))[1]["answer"] == ""  # CSV has no null: an empty string
+
+
+def test_a_broken_json_line_names_the_file_and_the_line(tmp_path: Path) -> None:
+    (tmp_path / "broken.jsonl").write_text('{"question": "q", "answer": "1"}\n\n{not json\n')
+    with pytest.raises(DataError, match=r"broken\.jsonl: line 3: not valid JSON"):
+        load_rows(str(tmp_path / "broken.jsonl"))
+    (tmp_path / "broken.json").write_text('[{"question": "q",\n "answer": }]')
+    with pytest.raises(DataError, match=r"broken\.json: line 2, column \d+: not valid JSON"):
+        load_rows(str(tmp_path / "broken.json"))
+
+
+def test_missing_and_unsupported_files(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"missing\.jsonl: no such data file"):
         load_rows(str(tmp_path / "missing.jsonl"))
-    (tmp_path / "broken.jsonl").write_text('{"question": "q", "answer": "1"}\n{not json\n')
-    with pytest.raises(DataError, match=r"broken\.jsonl: cannot read"):
-        load_rows(str(tmp_path / "broken.jsonl"))
-    (tmp_path / "d.csv").write_text("question,answer\nq,1\n")
-    with pytest.raises(DataError, match="unsupported data file type"):
-        load_rows(str(tmp_path / "d.csv"))
+    with pytest.raises(DataError, match=r"missing\.csv: no such data file"):  # a CSV is a file, present or not
+        load_rows(str(tmp_path / "missing.csv"))
+    (tmp_path / "d.txt").write_text("question,answer\nq,1\n")
+    with pytest.raises(DataError, match=r"unsupported data file type '\.txt' \(use \.jsonl, \.json, \.csv, \.parquet\)"):
+        load_rows(str(tmp_path / "d.txt"))
+    (tmp_path / "noext").write_text("{}")
+    with pytest.raises(DataError, match=r"noext: unsupported data file type '\(no suffix\)'"):
+        load_rows(str(tmp_path / "noext"))
+
+
+def test_csv_and_parquet_by_suffix(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "d.csv").write_text("question,answer\nq1,1\nq2,2\n")
+    assert load_rows(str(tmp_path / "d.csv")) == [{"question": "q1", "answer": "1"}, {"question": "q2", "answer": "2"}]
+    pq.write_table(pa.Table.from_pylist([{"question": "q", "answer": None}]), tmp_path / "n.parquet")
+    with pytest.raises(DataError, match=r"n\.parquet: row 1: field 'answer' is null"):
+        load_rows(str(tmp_path / "n.parquet"))
+
+
+@pytest.mark.parametrize("source", ["./data/train", "data/sets/train", "/no/such/file", "~/nope", "train.txt"])
+def test_a_path_spelled_locally_is_never_a_hub_dataset(source: str, monkeypatch) -> None:
+    import datasets
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("the Hub was asked"))
+    assert is_local_source(source)
+    with pytest.raises(DataError, match="no such data file"):
+        load_rows(source)
+
+
+@pytest.mark.parametrize("source", ["gsm8k", "openai/gsm8k", "openai/gsm8k:main"])
+def test_offline_a_hub_name_fails_at_once_without_the_network(source: str, monkeypatch) -> None:
+    import datasets
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("the Hub was asked while offline"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert not is_local_source(source)
+    with pytest.raises(DataError, match=r"no such local file, and this machine is offline for the Hugging Face Hub \(HF_HUB_OFFLINE is set\)"):
+        load_rows(source)
+
+
+def test_rows_of_chat_messages_are_prompts(tmp_path: Path) -> None:
+    conv = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Compute 1*2+3."}]
+    path = write_jsonl(tmp_path / "chat.jsonl", [{"messages": conv, "answer": "5"}, {"messages": conv[:1], "answer": "1"}])
+    with pytest.raises(DataError, match=r"chat\.jsonl: row 2 \(line 2\): field 'messages' has no user message \(roles: \['system'\]\)"):
+        load_rows(str(path))
+    [row] = load_rows(str(path), limit=1)
+    assert row == {"messages": conv, "answer": "5", "question": "Compute 1*2+3."}
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"messages": "hi", "answer": "1"}])
+    with pytest.raises(DataError, match=r"row 1 \(line 1\): field 'messages' must be a non-empty list"):
+        load_rows(str(bad))
+    none = write_jsonl(tmp_path / "none.jsonl", [{"answer": "1"}])
+    with pytest.raises(DataError, match=r"field 'question' is missing.*a row's prompt is a 'question' or a 'messages' conversation"):
+        load_rows(str(none))
 
 
 @pytest.mark.parametrize("task", ["linear", "word"])
