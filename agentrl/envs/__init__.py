@@ -93,7 +93,10 @@ def make_env(env_id: str, **kwargs: Any) -> gymnasium.Env:
             EnvError; other agentrl errors it raises (e.g. a DataError) pass through unchanged.
     """
     try:
+        from agentrl.envs.env_kwargs import check_env_kwargs, env_constructor
+
         if env_id in gymnasium.registry:
+            check_env_kwargs(env_id, env_constructor(env_id), kwargs)
             return gymnasium.make(env_id, **kwargs)
         if ":" not in env_id:
             known = ", ".join(sorted(k for k in gymnasium.registry if k.startswith("agentrl/")))
@@ -105,8 +108,10 @@ def make_env(env_id: str, **kwargs: Any) -> gymnasium.Env:
             raise EnvError(f"environment {env_id!r}: cannot import module {module_name!r}: {exc}") from exc
         target = getattr(module, name, None)
         if isinstance(target, type) and issubclass(target, gymnasium.Env):
+            check_env_kwargs(env_id, target, kwargs)
             return target(**kwargs)
         if name in gymnasium.registry:
+            check_env_kwargs(env_id, env_constructor(name), kwargs)
             return gymnasium.make(name, **kwargs)
         raise EnvError(
             f"environment {env_id!r}: {module_name!r} has no gymnasium.Env subclass named {name!r} "

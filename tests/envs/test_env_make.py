@@ -82,7 +82,7 @@ def test_make_env_user_module_registers_its_ids(user_module: str) -> None:
         ("no_such_module_xyz:Env", {}, "cannot import module 'no_such_module_xyz'"),
         ("agentrl.envs.calc:Nope", {}, "has no gymnasium.Env subclass named 'Nope'"),
         ("agentrl.envs.calc:generate_problems", {}, "has no gymnasium.Env subclass"),
-        ("agentrl/Calc-v0", {"bogus": 1}, "'agentrl/Calc-v0' cannot be built"),
+        ("agentrl/Calc-v0", {"bogus": 1}, "'agentrl/Calc-v0': env.kwargs.bogus: CalcEnv has no parameter 'bogus' (its parameters: sandbox, max_turns"),
         ("agentrl.envs.calc:CalcEnv", {"max_turns": 0}, "'agentrl.envs.calc:CalcEnv' cannot be built"),
     ],
 )
