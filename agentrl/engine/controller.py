@@ -302,6 +302,9 @@ class Controller:
             e.source or r.data.source, split=e.split, fields=(e.fields if e.fields is not None else r.data.fields) or None,
             limit=e.limit or None, seed=r.seed,
         )
+        if e.limit and len(rows) < e.limit:
+            log.warning(f"eval.limit = {e.limit} but {e.source or r.data.source} [{e.split}] has only {len(rows)} rows: "
+                        f"evaluating on all {len(rows)}")
         return Evaluator(
             workers=lambda: fleet.workers, rows=rows, temperature=e.temperature, timeout_s=e.timeout_s, log=log,
             samples_path=self.run_dir.eval_samples, records=list(state.evals) if state is not None else [],
