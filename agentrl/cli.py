@@ -11,6 +11,11 @@
     agentrl model init tiny OUT_DIR [--env ID]            build a tiny Qwen2 model + tokenizer
     agentrl model import SOURCE OUT_DIR [--dtype D]       a GGUF file or packaged model -> HF folder
 
+The user's own modules (``env.id = "my_envs:MyEnv"``, ``env.agent``, ``sft.source``...) are
+found beside the recipe or in the current directory: both go at the front of ``sys.path``, and a
+run ships the modules the recipe names to every Ray worker (:mod:`agentrl.user_code`); no
+``PYTHONPATH`` needed.
+
 Errors agentrl raises on purpose print one clear message and exit with status 2; anything else
 is a bug and shows its traceback.
 """
@@ -106,7 +111,9 @@ def _stop_on_signals() -> None:
 def _train(args: argparse.Namespace, hooks: Sequence[Any] = ()) -> int:
     from agentrl.config import load_recipe
     from agentrl.engine.controller import Controller
+    from agentrl.user_code import use_user_code
 
+    use_user_code(args.recipe)
     recipe = load_recipe(args.recipe, args.overrides)
     _stop_on_signals()
     controller = Controller(recipe, hooks=hooks, fresh=getattr(args, "fresh", False), resume_from=getattr(args, "resume_from", None))
@@ -130,7 +137,9 @@ def _train(args: argparse.Namespace, hooks: Sequence[Any] = ()) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from agentrl.config import load_recipe
+    from agentrl.user_code import use_user_code
 
+    use_user_code(args.recipe)
     recipe = load_recipe(args.recipe, args.overrides)
     print(f"{args.recipe}: ok (mode={recipe.mode}, model={recipe.model.path}, {'agent=' + recipe.env.agent if recipe.env.agent else 'env=' + recipe.env.id})")
     if args.dry_run:

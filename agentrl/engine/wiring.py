@@ -34,6 +34,7 @@ __all__ = [
     "lora_settings",
     "ledger_kwargs",
     "loop_settings",
+    "job_runtime_env",
     "ray_init_kwargs",
     "judge_actors",
     "reward_cpus",
@@ -71,7 +72,7 @@ def ray_init_kwargs(recipe: Recipe) -> dict[str, Any]:
     enough CPUs for every actor (``ray.num_cpus`` overrides)."""
     r = recipe
     if r.ray.address:
-        return {"address": r.ray.address, "logging_level": "warning", "log_to_driver": False, "runtime_env": JOB_RUNTIME_ENV}
+        return {"address": r.ray.address, "logging_level": "warning", "log_to_driver": False, "runtime_env": job_runtime_env(r)}
     need = (
         r.generator.num_generators * r.generator.num_cpus
         + r.rollout.num_workers * r.rollout.num_cpus
@@ -83,8 +84,17 @@ def ray_init_kwargs(recipe: Recipe) -> dict[str, Any]:
         "include_dashboard": False,
         "logging_level": "warning",
         "log_to_driver": False,  # actors write to RUN_DIR/logs (actor_runtime_env); errors come back as exceptions
-        "runtime_env": JOB_RUNTIME_ENV,
+        "runtime_env": job_runtime_env(r),
     }
+
+
+def job_runtime_env(recipe: Recipe) -> dict[str, Any]:
+    """The Ray job's ``runtime_env``: :data:`JOB_RUNTIME_ENV`, plus the user's modules the recipe
+    names (``py_modules``) and the directories the CLI put on ``sys.path`` (``PYTHONPATH``):
+    :func:`agentrl.user_code.user_runtime_env`."""
+    from agentrl.user_code import user_runtime_env
+
+    return {**JOB_RUNTIME_ENV, **user_runtime_env(recipe.model_dump(mode="json"))}
 
 
 def learner_kwargs(
