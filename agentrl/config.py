@@ -110,8 +110,9 @@ class DataConfig(_Section):
     """Where the prompts come from."""
 
     source: str = "synthetic:calc"
-    """``synthetic:calc`` (generated offline), a local ``.jsonl``/``.json``/``.parquet`` file, or a
-    hub dataset name."""
+    """``synthetic:calc`` (generated offline), a local ``.jsonl``/``.json``/``.csv``/``.parquet``
+    file (by suffix; rows of ``question``/``answer``, or of a ``messages`` prompt conversation and
+    ``answer``), or a hub dataset name (``owner/name``, ``owner/name:config``)."""
     split: str = "train"
     """Dataset split for file or hub sources."""
     fields: dict[str, str] = {}
@@ -619,7 +620,7 @@ class CheckpointConfig(_Section):
 
 class WandbConfig(_Section):
     """Weights & Biases logging of every metric record (off unless ``project`` is set; needs
-    ``pip install 'agentrl[wandb]'``). JSONL and TensorBoard are written either way."""
+    ``pip install wandb``). JSONL and TensorBoard are written either way."""
 
     project: str | None = None
     """W&B project; None = no W&B."""

@@ -59,7 +59,7 @@ class WandbSink:
             import wandb
         except ImportError as exc:
             raise ConfigError(
-                "wandb.project is set but the wandb package is not installed: pip install 'agentrl[wandb]'"
+                "wandb.project is set but the wandb package is not installed: pip install wandb"
             ) from exc
         directory.mkdir(parents=True, exist_ok=True)
         self._wandb = wandb
