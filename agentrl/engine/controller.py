@@ -73,22 +73,22 @@ class Controller:
     async def _run(self) -> RunSummary:
         from agentrl.envs.data import load_rows
 
-        r, rd = self.recipe, self.run_dir
-        rd.root.mkdir(parents=True, exist_ok=True)
-        rd.recipe.write_text(json.dumps(r.model_dump(mode="json"), indent=2))
-        log = MetricsLogger(rd.root, max_steps=r.learner.max_steps, sinks=self._metric_sinks())
         from agentrl.engine.run_start import plan_start
 
-        rows = load_rows(r.data.source, split=r.data.split, fields=r.data.fields or None, limit=r.data.limit, seed=r.seed)
+        r, rd = self.recipe, self.run_dir
         training = r.mode in ("async", "sync")
         if not training and (self.fresh or self.resume_from is not None):
             raise ConfigError(f"--fresh and --resume-from are for training runs (mode async or sync); this recipe's mode is {r.mode!r}")
         start = plan_start(rd, fresh=self.fresh, resume_from=self.resume_from, resume=r.checkpoint.resume, model_path=r.model.path) if training else None
+        rd.root.mkdir(parents=True, exist_ok=True)
+        rd.recipe.write_text(json.dumps(r.model_dump(mode="json"), indent=2))
+        log = MetricsLogger(rd.root, max_steps=r.learner.max_steps, sinks=self._metric_sinks())
+        if start is not None and start.message:
+            log.event(start.message)
+        rows = load_rows(r.data.source, split=r.data.split, fields=r.data.fields or None, limit=r.data.limit, seed=r.seed)
         model = prepare_model(r, rows, log)
         started_ray = start_ray(wiring.ray_init_kwargs(r))
         learners = self._learner_group()
-        if start is not None and start.message:
-            log.event(start.message)
         critic = self._critic_group() if r.algo.advantage == "gae" and r.mode in ("async", "sync") else None
         fleet: GeneratorFleet | None = None
         try:
