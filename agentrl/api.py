@@ -51,7 +51,7 @@ def load(recipe: Any, *, set: Sequence[str] = (), **overrides: Any) -> Recipe:
     in and then the ``--set`` strings of ``set`` applied. A path also puts its directory and the
     current directory on ``sys.path`` (:func:`agentrl.user_code.use_user_code`). Raises
     ConfigError naming the source and the key."""
-    from agentrl.config import Recipe, _apply_override, parse_override, validate_recipe
+    from agentrl.config import UNSET, Recipe, parse_override, validate_recipe
     from agentrl.user_code import use_user_code
 
     if isinstance(recipe, Recipe):
@@ -77,7 +77,10 @@ def load(recipe: Any, *, set: Sequence[str] = (), **overrides: Any) -> Recipe:
     data = _merge(data, overrides)
     for item in set:
         key_path, value = parse_override(item)
-        _apply_override(data, key_path, value, source)
+        nested: Any = None if value is UNSET else value  # None: the key goes back to its default
+        for part in reversed(key_path):
+            nested = {part: nested}
+        data = _merge(data, nested)
     return validate_recipe(data, source)
 
 

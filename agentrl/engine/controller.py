@@ -175,16 +175,18 @@ class Controller:
 
         r = self.recipe
         learner_kwargs = wiring.learner_kwargs(r, model=model, tokenizer=tokenizer, run_dir=self.run_dir.root)
-        gen_info, learner_info, critic_info = await asyncio.gather(
-            fleet.start(version), learners.start(learner_kwargs) if learners is not None else asyncio.sleep(0, []),
+        from agentrl.engine.ready_lines import clocked, critic_line, generators_line, learner_line
+
+        gen_info, (learner_info, learner_s), (critic_info, critic_s) = await asyncio.gather(
+            fleet.start(version), clocked(learners.start(learner_kwargs) if learners is not None else asyncio.sleep(0, [])),
             # the critic starts from the RL starting point; a resume then loads its checkpoint
-            critic.start(wiring.critic_kwargs(r, model=tokenizer), what="critic set-up") if critic is not None else asyncio.sleep(0, []),
+            clocked(critic.start(wiring.critic_kwargs(r, model=tokenizer), what="critic set-up") if critic is not None else asyncio.sleep(0, [])),
         )
-        log.event(f"generators ready: {gen_info}", generators=gen_info)
+        log.event(generators_line(gen_info), generators=gen_info)  # one line in words; the infos in metrics.jsonl
         if learners is not None:
-            log.event(f"learner ready: {learner_info}", learners=learner_info)
+            log.event(learner_line(learner_info, learner_s), learners=learner_info)
         if critic is not None:
-            log.event(f"critic ready: {critic_info}", critics=critic_info)
+            log.event(critic_line(critic_info, critic_s), critics=critic_info)
         kwargs = wiring.worker_kwargs(r, tokenizer=tokenizer, run_dir=self.run_dir.root)
         self.rewards = await start_reward_actors(
             wiring.judge_actors(r, self.run_dir.logs), wiring.reward_model_actor(r, self.run_dir.logs),
