@@ -61,6 +61,12 @@ Covered:
 * **A process ignoring SIGTERM** (all; ``test_process_ignoring_sigterm``). The sandbox only ever
   sends SIGKILL: to the execution's PID namespace (bwrap), every process of the container but its
   init (docker), the process group (local).
+* **One execution's damage charged to another** (bwrap, docker; ``tests/sandbox/test_blast_radius.py``).
+  Code that kills every process it can signal (its process group, its parent, ``kill(-1)``),
+  wipes its ``/tmp`` or shuts its own channel down fails at most itself: the next 200 executions
+  on the same pool succeed. A warm tree is handed the code only when its processes are alive; a
+  try that fails before the code started (a dead worker, tree or container) is made again on a
+  fresh one, at most three tries (``PoolStats.start_retries``, ``DockerSandbox.start_retries``).
 * **Network** (bwrap, docker; ``test_network_connect``): no network at all, only a loopback
   interface of the execution's own (bwrap: the worker's, or the session's own; docker: the
   container's) - no route to the internet, the host's loopback services or other executions.

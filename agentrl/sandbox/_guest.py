@@ -1019,6 +1019,11 @@ def tree_process(sysc, kind, how, fds, z_fds, uid, env):
     to ``uid``, then run one request (``exec``) or a session's cells. Never returns."""
     chan_fd = fds[3]
     try:
+        # A session (and process group) of its own. Forked from Z, U would otherwise share the
+        # worker's process group with every other tree's U: ``kill(0, SIGKILL)`` (or any
+        # signal to "my process group") from the code reaches processes of other trees that the
+        # code cannot even see, e.g. the trees forked ahead for the next executions.
+        os.setsid()
         _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
         for fd in z_fds:
             os.close(fd)
@@ -1305,9 +1310,13 @@ def server_main(cfg):
         tree_end, init, kind = entry
         try:
             tree_end.send(b'{"event":"exit","status":%d}' % status)
+            delivered = True
         except OSError:
-            pass
-        if kind == "exec" and os.WIFEXITED(status) and init.uses + 1 < MAX_TREE_USES:
+            # The host cannot have the report: it closed its end, or the code shut the channel
+            # down (U shares this end's socket). Either way the host kills the tree's init, maybe
+            # only later: a tree reset and reused meanwhile would die under a later execution.
+            delivered = False
+        if delivered and kind == "exec" and os.WIFEXITED(status) and init.uses + 1 < MAX_TREE_USES:
             releasing[tree_end.fileno()] = (tree_end, init)
             sel.register(tree_end, selectors.EVENT_READ, "release")
         else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import struct
@@ -167,6 +168,17 @@ class Tree:
         deadline (the server resets a tree only once ``U`` is gone)."""
         if self.code_pidfd is not None:
             await anyio.wait_readable(self.code_pidfd)
+
+    def usable(self) -> bool:
+        """Whether the tree can still take a request (never blocks): its init and, for a
+        bubblewrap one-shot tree, its ``U`` are alive, and its channel is open. A tree fails this
+        when something killed its processes after it was forked (it must not be handed the code)."""
+        if self.closed or self.conn.eof:
+            return False
+        for fd in (self.pidfd, self.code_pidfd):
+            if fd is not None and select.select([fd], [], [], 0)[0]:  # a pidfd is readable once its process exited
+                return False
+        return self.proc is None or self.proc.poll() is None
 
     def local_status(self) -> int | None:
         """The local process's wait-style return code once it has exited (Popen convention)."""

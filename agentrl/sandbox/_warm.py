@@ -223,7 +223,25 @@ class WarmWorker:
                 return {"event": "garbage"}, []
 
     def alive(self) -> bool:
+        """Whether the container's process is running (never blocks; a worker killed a moment
+        ago may still look alive: :meth:`ping` asks the server itself)."""
         return not self.dead and self.proc is not None and self.proc.poll() is None
+
+    async def ping(self, timeout_s: float = 5.0) -> bool:
+        """Whether the server answers on its control channel within ``timeout_s`` seconds (call
+        only while holding the worker: nothing else may read the channel meanwhile)."""
+        if self.ctl is None or not self.alive():
+            return False
+        try:
+            self.ctl.send(frame({"op": "ping"}))
+        except OSError:
+            return False
+        with anyio.move_on_after(timeout_s):
+            msg, fds = await self._recv()
+            for fd in fds:
+                os.close(fd)
+            return msg is not None and msg.get("event") == "pong"
+        return False
 
     def kill(self) -> None:
         """Kill the container (and with it every tree it forked); idempotent."""

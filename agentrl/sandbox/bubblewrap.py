@@ -28,7 +28,10 @@ numpy and sympy, happen in the background). A worker runs one execution at a tim
 share its network namespace); there are at most ``max_concurrency`` workers, launched on demand in
 the background (executions that find no ready worker meanwhile run on the per-execution path) or
 ahead with :meth:`BubblewrapSandbox.start`. A worker that dies or misbehaves is killed and
-replaced; the execution it was running raises :class:`~agentrl.errors.SandboxError`.
+replaced; the execution it was running raises :class:`~agentrl.errors.SandboxError` if its code had
+started, and is otherwise tried again on a fresh worker (:meth:`BubblewrapSandbox._run_warm` says
+where "started" is). Each ``U`` is a session of its own, so signals the code sends to "its process
+group" reach no other tree.
 ``memory_mb`` is on top of the interpreter's own address space, as in every mode (here the warm
 interpreter's: about 200 MB with numpy and sympy).
 
@@ -90,7 +93,7 @@ from agentrl.sandbox._layout import (
     site_packages_binds,
 )
 from agentrl.sandbox._limits import Limits
-from agentrl.sandbox._process import run_process, to_result
+from agentrl.sandbox._process import Raw, run_process, to_result
 from agentrl.sandbox._tree import Tree, request_header, run_on_tree
 from agentrl.sandbox._warm import ImportRouter, WarmPool, WarmWorker, new_userns
 from agentrl.sandbox.base import ExecResult
@@ -121,6 +124,9 @@ if "numpy" in sys.modules:
 #: Memory a cgroup allows beyond ``memory_mb`` and copy-on-write (bytes): the guest's own
 #: bookkeeping after it joined, kernel objects charged to the tree (page tables, sockets, pipes).
 CGROUP_SLACK_BYTES = 16 * 1024 * 1024
+#: Most tries of one execution while the sandbox fails before the code started (see
+#: :meth:`BubblewrapSandbox._run_warm`, :meth:`BubblewrapSandbox._run_cold`).
+START_ATTEMPTS = 3
 #: How many one-shot trees a warm worker keeps forked ahead of requests.
 PREFORK = 2
 #: Capabilities the warm server keeps (inside its own user namespace only).
@@ -144,6 +150,8 @@ class PoolStats:
             or warm mode while no worker was ready yet).
         workers_started: warm workers launched (including replacements and session-only ones).
         workers_replaced: warm workers killed because they died or misbehaved.
+        start_retries: tries of an execution that failed before its code started and were made
+            again on a fresh worker, tree or container (the execution never saw them).
         trees_reused: warm executions that ran in a tree (PID, mount and IPC namespaces) an
             earlier execution had used and its init had reset (killed everything, fresh /tmp,
             /dev/shm and IPC namespace); the rest got a tree of their own.
@@ -153,6 +161,7 @@ class PoolStats:
     cold_runs: int = 0
     workers_started: int = 0
     workers_replaced: int = 0
+    start_retries: int = 0
     trees_reused: int = 0
 
 
@@ -371,22 +380,34 @@ class BubblewrapSandbox(SandboxBase):
     # -- per-execution mode ------------------------------------------------------------------
 
     async def _run_cold(self, code: str, timeout: float, limits: Limits) -> ExecResult:
-        self.stats.cold_runs += 1
-        group = self._cold_cgroup(limits)
-        try:
-            return await self._run_cold_in(code, timeout, limits, group, group.oom_kills() if group else 0)
-        finally:
-            if group is not None:  # reused unless something of the execution is left in it
-                if group.processes() or self._closed:
-                    group.remove()
-                else:
-                    self._cold_groups.append(group)
+        """One execution in a container of its own, tried again in a fresh container (at most
+        :data:`START_ATTEMPTS` tries in all) while it fails *before the code started*.
 
-    async def _run_cold_in(
-        self, code: str, timeout: float, limits: Limits, group: Cgroup | None, ooms: int
-    ) -> ExecResult:
-        """One per-execution container in ``group`` (whose OOM kills so far are ``ooms``: the
-        cgroups are reused, so only kills after that count against this execution)."""
+        "Started" is the one-shot prelude's marker byte (:func:`agentrl.sandbox._guest.oneshot_prelude`):
+        written once bwrap has built the container and the interpreter has applied the limits
+        and dropped to the sandbox uid, immediately before the code is compiled and run. A
+        container that exited without it (and not at its deadline) never ran any of the code.
+        """
+        self.stats.cold_runs += 1
+        for attempt in range(START_ATTEMPTS):
+            if attempt:
+                self.stats.start_retries += 1
+            group = self._cold_cgroup(limits)
+            try:
+                ooms = group.oom_kills() if group else 0
+                raw = await self._run_cold_in(code, timeout, limits, group)
+                if raw.started or raw.timed_out or attempt == START_ATTEMPTS - 1:
+                    return _with_oom(to_result(raw, what="bubblewrap sandbox"), group, ooms)
+            finally:
+                if group is not None:  # reused unless something of the execution is left in it
+                    if group.processes() or self._closed:
+                        group.remove()
+                    else:
+                        self._cold_groups.append(group)
+        raise AssertionError("unreachable")
+
+    async def _run_cold_in(self, code: str, timeout: float, limits: Limits, group: Cgroup | None) -> Raw:
+        """One per-execution container in ``group``, as the supervisor observed it."""
         userns = self._take_userns()
         cg_fds = tuple(group.procs_fds()) if group is not None else ()
         seccomp_fd = None
@@ -395,7 +416,7 @@ class BubblewrapSandbox(SandboxBase):
             os.write(w, self._seccomp_program)
             os.close(w)
         try:
-            raw = await run_process(
+            return await run_process(
                 lambda marker_fd: self._argv(marker_fd, limits, userns, seccomp_fd, cg_fds),
                 code=code,
                 env={"PATH": "/usr/bin:/bin"},
@@ -408,7 +429,6 @@ class BubblewrapSandbox(SandboxBase):
                 self._userns_pool.append(userns)
             if seccomp_fd is not None:
                 os.close(seccomp_fd)
-        return _with_oom(to_result(raw, what="bubblewrap sandbox"), group, ooms)
 
     def _take_userns(self) -> int | None:
         if not self._privileged:
@@ -447,8 +467,27 @@ class BubblewrapSandbox(SandboxBase):
     # -- warm mode ---------------------------------------------------------------------------
 
     async def _run_warm(self, code: str, timeout: float, limits: Limits) -> ExecResult:
+        """One execution on a warm worker, retried on a fresh tree of a fresh worker (at most
+        :data:`START_ATTEMPTS` tries in all) while the sandbox fails *before the code started*.
+
+        "Started" is the tree's ``started`` event: ``U`` sends it once it has received the
+        request, joined the execution's cgroup, applied the limits and pointed its output at the
+        host's pipes, immediately before it compiles and runs the code
+        (:func:`agentrl.sandbox._guest.run_one`). Until the host has read that event, nothing of
+        the code can have run, so a failure is the sandbox's alone (a worker that died, a tree
+        whose processes were killed since it was forked, a setup error) and trying again on a
+        fresh worker cannot run the code twice. After it, a failure belongs to the execution
+        (:class:`SandboxError` when the worker vanished without an exit status). A tree is handed
+        the code only when its init and ``U`` are alive (:meth:`Tree.usable`); a worker whose
+        tree failed before the code started, or that no longer answers a ping after a tree that
+        ended without an exit status, is replaced (killed; the next execution gets another
+        worker, or runs in a container of its own while the replacement starts).
+        """
         kind = self._router.kind(code) if self._router is not None else "full"
-        for attempt in range(2):
+        failure = "no attempt"
+        for attempt in range(START_ATTEMPTS):
+            if attempt:
+                self.stats.start_retries += 1
             worker = self._pool.ready(kind)
             if worker is None:
                 # No warm worker is ready yet (one is starting in the background): run this
@@ -456,34 +495,51 @@ class BubblewrapSandbox(SandboxBase):
                 return await self._run_cold(code, timeout, limits)
             try:
                 tree = await worker.take("exec")
-            except SandboxError:
+            except SandboxError as exc:
                 self.stats.workers_replaced += 1
                 self._pool.discard(worker)  # it died since its last execution: replace it
-                if attempt:
-                    raise
+                failure = str(exc)
                 continue
-            break
-        assert worker is not None
-        self.stats.warm_runs += 1
-        ok = False
-        try:
-            group = self._worker_cgroup(worker, limits)
-            ooms = group.oom_kills() if group is not None else 0
-            outcome = await run_on_tree(
-                tree, code, request_header(limits, timeout), timeout_s=timeout,
-                max_output_bytes=self.max_output_bytes, session=False,
-                extra_fds=group.procs_fds() if group is not None else (),
-            )
-            ok = outcome.error is None
-        except anyio.get_cancelled_exc_class():
-            ok = True  # the tree is killed; the worker itself is fine
-            raise
-        finally:
-            tree.close()
-            self._pool.release(worker, ok, self._closed)
-        if outcome.error is not None:
-            raise SandboxError(f"bubblewrap sandbox (warm worker): {outcome.error}")
-        return _with_oom(to_result(outcome.raw, what="bubblewrap sandbox (warm worker)"), group, ooms)
+            if not tree.usable():  # its processes were killed since it was forked
+                tree.close()
+                self._pool.release(worker, False, self._closed)
+                failure = "bubblewrap sandbox (warm worker): the tree handed out was already dead"
+                continue
+            self.stats.warm_runs += 1
+            ok = answered = False
+            try:
+                group = self._worker_cgroup(worker, limits)
+                ooms = group.oom_kills() if group is not None else 0
+                outcome = await run_on_tree(
+                    tree, code, request_header(limits, timeout), timeout_s=timeout,
+                    max_output_bytes=self.max_output_bytes, session=False,
+                    extra_fds=group.procs_fds() if group is not None else (),
+                )
+                ok = outcome.error is None and (outcome.raw.started or outcome.raw.timed_out)
+                if not ok and outcome.raw.started:
+                    # The code ran and its tree ended without a word (e.g. the code broke its own
+                    # channel); the tree is killed. Keep the worker if its server still answers.
+                    ok = answered = await worker.ping()
+            except anyio.get_cancelled_exc_class():
+                ok = True  # the tree is killed; the worker itself is fine
+                raise
+            finally:
+                tree.close()
+                self._pool.release(worker, ok, self._closed)
+            if not outcome.raw.started and not outcome.raw.timed_out:  # the code never ran
+                failure = (
+                    f"bubblewrap sandbox (warm worker): {outcome.error or 'the sandbox process died before running the code'}"
+                )
+                continue
+            if outcome.error is not None and answered:
+                raise SandboxError(
+                    "bubblewrap sandbox (warm worker): the execution's tree ended without an exit "
+                    "status while its worker is fine (the code may have broken its own channel)"
+                )
+            if outcome.error is not None:
+                raise SandboxError(f"bubblewrap sandbox (warm worker): {outcome.error}")
+            return _with_oom(to_result(outcome.raw, what="bubblewrap sandbox (warm worker)"), group, ooms)
+        raise SandboxError(f"{failure} (tried {START_ATTEMPTS} times, never got as far as running the code)")
 
     # -- cgroups -----------------------------------------------------------------------------
 

@@ -188,6 +188,14 @@ class _Container:
     healthy: bool = True
 
 
+class _NotStarted(SandboxError):
+    """No exec could be started in a pooled container (nothing of the code ran)."""
+
+
+#: Most tries of one execution while it fails before its code started (:meth:`DockerSandbox.run`).
+START_ATTEMPTS = 3
+
+
 class DockerSandbox(SandboxBase):
     """Runs code in a pool of locked-down Docker containers, one ``docker exec`` per execution.
 
@@ -253,6 +261,9 @@ class DockerSandbox(SandboxBase):
         self.image = ensure_image(self._client)
         self._idle: list[_Container] = []
         self._all: set[str] = set()
+        #: Tries of an execution that failed before its code started and were made again in
+        #: another container (the execution never saw them).
+        self.start_retries = 0
 
     # -- public API -------------------------------------------------------------------------
 
@@ -260,26 +271,66 @@ class DockerSandbox(SandboxBase):
         self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None
     ) -> ExecResult:
         """Execute ``code`` via ``docker exec`` in a pooled container; see
-        :meth:`agentrl.sandbox.Sandbox.run`."""
+        :meth:`agentrl.sandbox.Sandbox.run`.
+
+        A try that fails before the code started (:meth:`_run_once` says where that is) is made
+        again in another container, at most :data:`START_ATTEMPTS` tries in all; a failure after
+        it raises :class:`SandboxError`."""
         timeout, limits = self._run_limits("DockerSandbox", timeout_s, memory_mb)
         async with self._limiter.get():
-            container = await self._acquire()
-            runner: _RunnerExec | None = None
-            started_at = time.monotonic()
-            answered = False
+            for attempt in range(START_ATTEMPTS):
+                if attempt:
+                    self.start_retries += 1
+                try:
+                    answer = await self._run_once(code, timeout, limits)
+                except _NotStarted as exc:
+                    if attempt == START_ATTEMPTS - 1:
+                        raise SandboxError(
+                            f"{exc} (tried {START_ATTEMPTS} times, never got as far as running the code)"
+                        ) from exc
+                    continue
+                if answer[0].get("started") or answer[0].get("timed_out") or attempt == START_ATTEMPTS - 1:
+                    break
+        return self._result(answer, what="docker sandbox")
+
+    async def _run_once(
+        self, code: str, timeout: float, limits: Limits
+    ) -> tuple[dict[str, Any], bytes, bytes]:
+        """One try of an execution in a pooled container: the runner's answer.
+
+        "Started" (see :meth:`run`) is the runner's word: its child sent ``started`` once it
+        had received the request, applied the limits and dropped to the sandbox uid, right
+        before it compiles and runs the code (:func:`agentrl.sandbox._guest.run_one`). A
+        container that cannot start an exec (it died: e.g. its init was OOM-killed) or a runner
+        whose child failed before ``started`` never ran any of the code; the container is then
+        removed, and :meth:`run` tries again in another.
+
+        Raises:
+            _NotStarted: no exec could be started in the container.
+            SandboxError: the runner vanished or answered nonsense once it had the code.
+        """
+        container = await self._acquire()
+        runner: _RunnerExec | None = None
+        started_at = time.monotonic()
+        answered = False
+        try:
             try:
                 runner = await _RunnerExec.open(self, container, mode="oneshot")
-                answer = await runner.request(self._request("exec", limits, timeout), code, timeout)
-                answer[0]["wall_s"] = time.monotonic() - started_at  # docker exec included
-                answered = True
-            finally:
-                if runner is not None:
-                    runner.close()
-                if not answered:  # failed or cancelled: the runner may still be busy in there
-                    container.healthy = False
-                with anyio.CancelScope(shield=True):
-                    await self._release(container)
-        return self._result(answer, what="docker sandbox")
+            except SandboxError as exc:
+                raise _NotStarted(str(exc)) from exc
+            answer = await runner.request(self._request("exec", limits, timeout), code, timeout)
+            answer[0]["wall_s"] = time.monotonic() - started_at  # docker exec included
+            answered = True
+            if not answer[0].get("started") and not answer[0].get("timed_out"):
+                container.healthy = False  # its runner could not set the code up: replace it
+        finally:
+            if runner is not None:
+                runner.close()
+            if not answered:  # failed or cancelled: the runner may still be busy in there
+                container.healthy = False
+            with anyio.CancelScope(shield=True):
+                await self._release(container)
+        return answer
 
     async def start(self, containers: int | None = None) -> None:
         """Create containers ahead of use (default: ``max_concurrency``).
