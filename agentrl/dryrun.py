@@ -46,12 +46,12 @@ def _model(recipe: Recipe) -> tuple[str, str]:
 def _data(
     recipe: Recipe, split: str, limit: int | None, source: str | None = None, fields: dict[str, str] | None = None
 ) -> tuple[str, str]:
-    from agentrl.envs.data import load_rows
+    from agentrl.envs.data import is_local_source, load_rows
     from agentrl.models.loading import hub_reachable
 
     src = source or recipe.data.source
     fields = fields if fields is not None else recipe.data.fields
-    local = src.startswith("synthetic:") or Path(src).suffix in (".jsonl", ".json", ".parquet")
+    local = src.startswith("synthetic:") or is_local_source(src)  # decided as load_rows decides it
     if not local and not hub_reachable():
         return "offline", f"{src}: hub dataset, the Hugging Face Hub is not reachable from here"
     try:
