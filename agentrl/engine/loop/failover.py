@@ -65,8 +65,9 @@ class LearnerFailover:
         self.learners.kill()
         if ckpt is None:
             raise LearnerError(
-                f"{died}; there is no checkpoint to restart it from (set checkpoint.every_steps so that a run "
-                f"survives this); rerunning the same `agentrl train` command starts the run again"
+                f"{died}; there is no checkpoint to restart it from yet (the first is written after learner step 1 "
+                f"unless checkpoint.first_step = false; then by checkpoint.every_minutes, every_steps and at_eval); "
+                f"rerunning the same `agentrl train` command starts the run again"
             ) from died
         if self.restarts >= self.max_restarts:
             raise LearnerError(
