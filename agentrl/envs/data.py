@@ -9,8 +9,9 @@ message, so that every environment can use it.
 Local or hub is decided without the network: ``synthetic:...`` is generated; a path with a data
 file suffix (``.jsonl``, ``.json``, ``.csv``, ``.parquet``), a path that exists, or one spelled
 like a local path (``./x``, ``../x``, ``/x``, ``~/x``, ``a/b/c``, another suffix) is a local
-file; anything else (``name``, ``owner/name``, ``owner/name:config``) is a Hub dataset, never
-tried while ``HF_HUB_OFFLINE`` or ``HF_DATASETS_OFFLINE`` is set.
+file; anything else (``name``, ``owner/name``, ``owner/name:config``) is a Hub dataset, read
+from the local Hugging Face cache only (no network retries) while ``HF_HUB_OFFLINE`` or
+``HF_DATASETS_OFFLINE`` is set or the Hub's host does not answer.
 
 Errors name where: ``data/train.jsonl: line 7: not valid JSON (...)``,
 ``data/train.jsonl: row 3 (line 3): field 'answer' is null``. Rows and lines count from 1.
@@ -18,10 +19,12 @@ Errors name where: ``data/train.jsonl: line 7: not valid JSON (...)``,
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -180,22 +183,49 @@ def _json_lines(path: Path, text: str, limit: int | None) -> tuple[list[Any], li
 
 
 def _load_hub(name: str, split: str, limit: int | None) -> list[Any]:
-    offline = _offline()
-    if offline is not None:
-        raise DataError(
-            f"{name}: no such local file, and this machine is offline for the Hugging Face Hub ({offline} is set): "
-            "give a local .jsonl/.json/.csv/.parquet file, or unset it to load the Hub dataset"
-        )
+    """A Hub dataset's rows. Offline (``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE``, or the Hub's
+    host not answering within 3 s) only the local Hugging Face cache is read: no retries."""
     import datasets
 
+    from agentrl.models.loading import hub_reachable
+
+    offline = _offline()
+    if offline is None and not hub_reachable():
+        offline = "the Hugging Face Hub is not reachable from here"
+    elif offline is not None:
+        offline = f"{offline} is set"
     repo, _, config = name.partition(":")
     try:
-        table = datasets.load_dataset(repo, config or None, split=split)
-    except Exception as exc:  # DatasetNotFoundError, connection errors, unknown split
+        with _offline_mode(offline is not None):
+            table = datasets.load_dataset(repo, config or None, split=split)
+    except Exception as exc:  # DatasetNotFoundError, connection errors, unknown split, not cached
+        if offline is not None:
+            raise DataError(
+                f"{name}: no such local file, and not in the Hugging Face cache while offline ({offline}): give a local "
+                f".jsonl/.json/.csv/.parquet file, or load the Hub dataset once while online ({type(exc).__name__})"
+            ) from exc
         raise DataError(f"{name}: cannot load split {split!r} from the Hugging Face Hub: {type(exc).__name__}: {exc}") from exc
     if limit is not None:
         table = table.select(range(min(limit, len(table))))
     return table.to_list()
+
+
+@contextlib.contextmanager
+def _offline_mode(on: bool) -> Iterator[None]:
+    """While ``on``: datasets and huggingface_hub read their caches only (their offline switches,
+    read once at import, flipped for the call and restored)."""
+    if not on:
+        yield
+        return
+    import datasets
+    from huggingface_hub import constants
+
+    saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = saved
 
 
 def _is_conversation(value: Any) -> bool:

@@ -116,14 +116,40 @@ def test_a_path_spelled_locally_is_never_a_hub_dataset(source: str, monkeypatch)
 
 
 @pytest.mark.parametrize("source", ["gsm8k", "openai/gsm8k", "openai/gsm8k:main"])
-def test_offline_a_hub_name_fails_at_once_without_the_network(source: str, monkeypatch) -> None:
+@pytest.mark.parametrize("why", ["flag", "unreachable"])
+def test_offline_a_hub_name_reads_the_cache_only_and_says_so(source: str, why: str, monkeypatch) -> None:
+    import datasets
+    import huggingface_hub.constants
+
+    import agentrl.models.loading
+
+    calls = []
+
+    def load_dataset(*args, **kwargs):  # as datasets does offline for a dataset it has not cached
+        calls.append((args, datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE))
+        raise ConnectionError("Couldn't reach the Hub (offline mode is enabled)")
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    if why == "flag":
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    else:
+        monkeypatch.setattr(agentrl.models.loading, "hub_reachable", lambda timeout=3.0: False)
+    assert not is_local_source(source)
+    said = "HF_HUB_OFFLINE is set" if why == "flag" else "the Hugging Face Hub is not reachable from here"
+    with pytest.raises(DataError, match=rf"no such local file, and not in the Hugging Face cache while offline \({said}\)"):
+        load_rows(source)
+    [(args, datasets_offline, hub_offline)] = calls  # one call, in offline mode: no retries over the network
+    assert args[0] == source.partition(":")[0] and datasets_offline and hub_offline
+    assert not datasets.config.HF_HUB_OFFLINE or why == "flag"  # the switches are put back
+
+
+def test_offline_a_cached_hub_dataset_still_loads(monkeypatch) -> None:
     import datasets
 
-    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("the Hub was asked while offline"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert not is_local_source(source)
-    with pytest.raises(DataError, match=r"no such local file, and this machine is offline for the Hugging Face Hub \(HF_HUB_OFFLINE is set\)"):
-        load_rows(source)
+    table = datasets.Dataset.from_list([{"question": "q", "answer": "1"}])
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: table)
+    assert load_rows("owner/cached") == [{"question": "q", "answer": "1"}]
 
 
 def test_rows_of_chat_messages_are_prompts(tmp_path: Path) -> None:
