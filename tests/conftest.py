@@ -1,7 +1,8 @@
-"""Shared fixtures: one tiny calculator model per test session."""
+"""Shared fixtures: one tiny calculator model per test session, one vLLM engine on it, SmolLM2."""
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +28,25 @@ def smol_model(tmp_path_factory) -> Path:
 
     return import_model("smollm2-135m-instruct", tmp_path_factory.mktemp("models") / "smollm2-135m-instruct")
 
+
+
+@pytest.fixture(scope="session")
+def tiny_llm(tiny_calc_model: Path) -> Iterator[Any]:
+    """One vLLM engine (``vllm.LLM``, CPU) on ``tiny_calc_model`` for the whole session, configured
+    as agentrl's generators configure theirs (:func:`agentrl.engine.generation.generator.engine_kwargs`:
+    float32, 512-token context, a 64 MiB KV cache, seed 0). Tests that only sample from the tiny
+    model share it (one engine start-up instead of one per test); a request carries its own seed
+    where its tokens must not depend on what ran before. Tests that use it are marked ``vllm``."""
+    from vllm import LLM
+
+    from agentrl.engine.generation.generator import EngineSettings, engine_kwargs
+
+    settings = EngineSettings(model=str(tiny_calc_model), dtype="float32", max_model_len=512, kv_cache_gib=1 / 16, seed=0)
+    llm = LLM(**engine_kwargs(settings, on_gpu=False))
+    try:
+        yield llm
+    finally:
+        llm.llm_engine.engine_core.shutdown()  # stop the engine process now, not at exit
 
 # --- test tiers -------------------------------------------------------------------------------
 # ./scripts/test.sh runs everything (CI); ./scripts/test.sh --quick deselects the marks vllm, e2e,

@@ -1,5 +1,6 @@
 """A one-turn environment whose reward the model can learn in a handful of steps (imported by
-the rollout workers of ``test_learning_e2e`` through ``env.id = "tests.e2e.direction_env:DigitFirstEnv"``)."""
+the rollout workers of ``test_learning_e2e`` and ``test_lora_e2e`` through
+``env.id = "tests.e2e.direction_env:DigitFirstEnv"``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,11 @@
 """`agentrl train` with an OpenAI-SDK agent for real: vLLM behind the gateway, the agent's tool in
-the bubblewrap sandbox, Ray actors and the FSDP2 learner, a few steps."""
+the bubblewrap sandbox, Ray actors and the FSDP2 learner, a few steps.
+
+The same healthy run keeps the console for agentrl: vLLM's, Ray's and transformers' output goes
+to RUN_DIR/logs/, one file per actor. The console is checked against an allowlist: every line
+printed must be one of agentrl's own (:func:`tests.e2e.helpers.foreign_lines`), so a library's
+warning or progress bar fails the test whatever it says. (One run covers both, formerly this test
+and test_console_e2e.py's: one start-up.)"""
 
 import json
 import os
@@ -9,21 +15,24 @@ import subprocess
 import pytest
 
 from agentrl.cli import train_command
-from tests.e2e.helpers import REPO
+from tests.e2e.helpers import REPO, foreign_lines
 
 
 @pytest.mark.e2e
 @pytest.mark.vllm
-def test_an_agent_program_trains_end_to_end(tmp_path, tiny_calc_model):
+def test_an_agent_program_trains_end_to_end_and_the_console_shows_only_agentrl_lines(tmp_path, tiny_calc_model):
     run_dir = tmp_path / "run"
     cmd = train_command(
         str(REPO / "recipes" / "tiny_agent.toml"), str(run_dir), str(tiny_calc_model),
         "env.agent='tests.e2e.digit_agent:digit_agent'", "sft.steps=0", "eval.limit=8", "eval.every_steps=0",
         "data.limit=96", "learner.max_steps=3", "learner.batch_size=16", "rollout.group_size=4", "learner.lr=1e-2",
     )
-    env = {**os.environ, "RAY_DEDUP_LOGS": "0", "PYTHONPATH": str(REPO)}
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}  # as on a fresh shell
+    env["PYTHONPATH"] = str(REPO)  # the agent program, tests.e2e.digit_agent
+    env["COLUMNS"] = "10000"  # off a terminal rich wraps at 80 columns: keep each printed line whole
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    console = proc.stdout + proc.stderr
+    assert proc.returncode == 0, console[-6000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["kind"] == "step"]
     assert [s["version"] for s in steps] == [1, 2, 3]
@@ -54,3 +63,12 @@ def test_an_agent_program_trains_end_to_end(tmp_path, tiny_calc_model):
     assert all(tool_outputs(e["text"]) for e in eval_samples), eval_samples
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["agent_failures"] == 0 and summary["samples_trained"] == 48
+
+    # the console: agentrl's lines only; the actors' output went to one log file each
+    foreign = foreign_lines(console, run_dir)
+    assert foreign == [], "\n".join(foreign[:20])
+    assert "done: 3 steps" in console and "eval v0" in console
+    logs = {p.name: p.read_text(errors="replace") for p in (run_dir / "logs").iterdir()}
+    assert {"generator-0.log", "learner-0.log", "rollout-0.log"} <= set(logs), sorted(logs)
+    assert "vLLM" in logs["generator-0.log"] or "vllm" in logs["generator-0.log"]  # the engine's own lines went here
+    assert "RotaryEmbedding: Failed to load weights" not in logs["generator-0.log"]  # explained and dropped at its root

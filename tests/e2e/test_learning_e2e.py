@@ -1,4 +1,5 @@
-"""Learning, end to end: a real `agentrl train` run moves the policy in the rewarded direction.
+"""Learning, end to end, on a two-node Ray cluster: a real `agentrl train` run moves the policy in
+the rewarded direction, with its generator and learner placed on the second node.
 
 The task rewards an answer whose first character is a digit. What RL should change is then one
 number that needs no sampling to measure: the probability the policy gives, at the first
@@ -7,11 +8,21 @@ exactly from the weights before and after the run. It can only rise well beyond 
 advantages reach the generated tokens with the right sign (a flipped sign lowers it, a lost
 advantage leaves it where it was); the run is async with max_staleness 1, so tokens from stale
 versions are in the loss.
+
+The cluster: two Ray nodes on one machine (`ray start --head`, `ray start --address`); the
+generator and the learner are placed by a custom resource on the second node, which was started
+from another directory, and the run completes against the cluster with a relative run directory,
+which the learner on the other node writes into. (One run covers both, formerly this test and
+test_cluster_e2e.py's: one start-up.)
 """
 
 import json
 import os
+import shutil
 import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,9 +30,10 @@ import torch
 from agentrl.engine.episodes.render import IncrementalRenderer
 from agentrl.envs.data import load_rows
 from tests.e2e.direction_env import rewarded
-from tests.e2e.helpers import REPO, train_cmd
+from tests.e2e.helpers import REPO, free_port, train_cmd
 
 STEPS = 8
+RAY = str(Path(sys.executable).parent / "ray")
 
 
 def _rewarded_mass(model_dir, questions: list[str]) -> float:
@@ -43,29 +55,72 @@ def _rewarded_mass(model_dir, questions: list[str]) -> float:
 
 @pytest.mark.e2e
 @pytest.mark.vllm
-def test_rl_moves_the_policy_toward_the_reward(tmp_path, tiny_calc_model):
-    run_dir = tmp_path / "run"
-    cmd = train_cmd(
-        run_dir, tiny_calc_model,
-        "env.id='tests.e2e.direction_env:DigitFirstEnv'",
-        "env.kwargs={}",
-        "sft.steps=0",
-        "eval.limit=0",
-        f"learner.max_steps={STEPS}",
-        "learner.batch_size=32",
-        "learner.lr=3e-3",
-        "rollout.group_size=8",
-        "rollout.max_new_tokens=2",
-        "data.limit=256",
-    )
-    env = {**os.environ, "RAY_DEDUP_LOGS": "0", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+def test_rl_on_a_two_node_cluster_moves_the_policy_toward_the_reward(tmp_path, tiny_calc_model):
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    # a local test cluster without Ray's token authentication (real clusters keep it: the token
+    # in ~/.ray/auth_token reaches `agentrl train` the same way it reaches `ray start`);
+    # PYTHONPATH: every node's workers import the task, tests.e2e.direction_env
+    env = {**os.environ, "RAY_DEDUP_LOGS": "0", "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(REPO)}
+    temp = Path(tempfile.mkdtemp(prefix="agrl", dir="/tmp"))  # Ray's socket paths must stay < 108 bytes
+    head = ["--head", f"--port={port}", "--num-cpus=3", "--include-dashboard=false", f"--temp-dir={temp}"]
+    subprocess.run([RAY, "start", *head], check=True, capture_output=True, timeout=120, env=env)
+    try:
+        elsewhere = tmp_path / "elsewhere"  # the second node's processes start here, not where the driver runs
+        elsewhere.mkdir()
+        subprocess.run(
+            [RAY, "start", f"--address={address}", "--num-cpus=2", '--resources={"gen_node": 2}'],
+            check=True, capture_output=True, timeout=120, env=env, cwd=elsewhere,
+        )
+        driver_dir = tmp_path / "driver"
+        driver_dir.mkdir()
+        cmd = train_cmd(
+            "run", tiny_calc_model,  # relative: the run directory is resolved once, on the driver
+            f"ray.address='{address}'",
+            "generator.resources={gen_node = 1}",
+            "learner.resources={gen_node = 1}",
+            "checkpoint.every_steps=4",
+            "env.id='tests.e2e.direction_env:DigitFirstEnv'",
+            "env.kwargs={}",
+            "sft.steps=0",
+            "eval.limit=0",
+            f"learner.max_steps={STEPS}",
+            "learner.batch_size=32",
+            "learner.lr=3e-3",
+            "rollout.group_size=8",
+            "rollout.max_new_tokens=2",
+            "data.limit=256",
+        )
+        proc = subprocess.run(cmd, cwd=driver_dir, capture_output=True, text=True, timeout=900, env=env)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+        run_dir = driver_dir / "run"
+        assert (run_dir / "final" / "model.safetensors").is_file()  # written by the learner on the other node
+        assert (run_dir / "checkpoints" / "step_000004" / "weights" / "model.safetensors").is_file()
+        assert not (elsewhere / "run").exists()
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        gen_nodes = [g["node_id"] for e in records if "generators" in e for g in e["generators"]]
+        learner_nodes = [lr["node_id"] for e in records if "learners" in e for lr in e["learners"]]
+        assert gen_nodes and learner_nodes, "the run did not report where its generator and learner ran"
 
+        import ray
+
+        os.environ["RAY_AUTH_MODE"] = "disabled"
+        ray.init(address=address, logging_level="error")
+        try:
+            second = [n["NodeID"] for n in ray.nodes() if n["Alive"] and "gen_node" in n["Resources"]]
+        finally:
+            ray.shutdown()
+        assert gen_nodes == second and learner_nodes == second
+    finally:
+        # stop only this cluster's processes (its temp dir is in their command lines), never a
+        # Ray instance of anything else on the machine
+        subprocess.run(["pkill", "-9", "-f", str(temp)], capture_output=True, timeout=60)
+        shutil.rmtree(temp, ignore_errors=True)
+
+    assert [r["step"] for r in records if r["kind"] == "step"] == list(range(1, STEPS + 1))
     held_out = [row["question"] for row in load_rows("synthetic:calc", limit=1024)[-64:]]
     before = _rewarded_mass(tiny_calc_model, held_out)
     after = _rewarded_mass(run_dir / "final", held_out)
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rewards = [r["reward_mean"] for r in records if r["kind"] == "step"]
     print(f"rewarded first-token mass {before:.3f} -> {after:.3f}; reward per step {rewards}")
     assert len(rewards) == STEPS

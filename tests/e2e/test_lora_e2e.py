@@ -1,5 +1,10 @@
 """`agentrl train` with `[lora]` for real: adapter-only versions reach the generator, checkpoints
-resume, `agentrl export` writes the adapter and (with --merge) a merged model."""
+resume, `agentrl export` writes the adapter and (with --merge) a merged model.
+
+The first invocation is stopped with Ctrl-C: it exits with 130 and says so, and no process it
+started is left behind (:func:`tests.e2e.helpers.run_then_ctrl_c`); the same command then resumes
+from its checkpoint. (One run covers both, formerly this test and test_interrupt_e2e.py's: one
+start-up.)"""
 
 import json
 import os
@@ -8,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.e2e.helpers import REPO, train_cmd
+from tests.e2e.helpers import REPO, run_then_ctrl_c, steps, train_cmd
 
 LORA_RUN = (
     # the task of test_learning_e2e: an answer starting with a digit earns 1, so even the
@@ -30,32 +35,34 @@ LORA_RUN = (
 
 @pytest.mark.e2e
 @pytest.mark.vllm
-def test_lora_run_publishes_adapters_resumes_and_exports(tmp_path, tiny_calc_model):
+def test_lora_run_publishes_adapters_stops_on_ctrl_c_leaving_no_process_resumes_and_exports(tmp_path, tiny_calc_model):
     run_dir = tmp_path / "run"
     env = {**os.environ, "RAY_DEDUP_LOGS": "0", "PYTHONPATH": str(REPO)}
 
-    def train(max_steps: int) -> list[dict]:
-        cmd = train_cmd(run_dir, tiny_calc_model, f"learner.max_steps={max_steps}", *LORA_RUN)
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-        return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    cmd = train_cmd(run_dir, tiny_calc_model, "learner.max_steps=6", *LORA_RUN)
 
-    records = train(3)
-    steps = [r for r in records if r["kind"] == "step"]
-    assert [s["version"] for s in steps] == [1, 2, 3]
+    # Ctrl-C once checkpoint step 2 is written: a clean stop, nothing left running
+    run_then_ctrl_c(cmd, run_dir, tmp_path / "first.log", env, min_step=2)
+    interrupted_at = max(steps(run_dir))
+    assert 2 <= interrupted_at < 6, interrupted_at
+
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)  # resumes
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert "resuming from" in " ".join(r["message"] for r in records if r["kind"] == "event")
+    steps_logged = [r for r in records if r["kind"] == "step"]
+    assert [s["version"] for s in steps_logged] == [1, 2, 3, 4, 5, 6]
     # tokens of published adapter versions reached the learner
-    assert max(s["max_token_version"] for s in steps) >= 1
+    assert max(s["max_token_version"] for s in steps_logged) >= 1
     learner_info = next(r for r in records if r["kind"] == "event" and r["message"].startswith("learner ready"))["learners"][0]
     assert 0 < learner_info["trainable_parameters"] < learner_info["parameters"] / 5
     # every version is an adapter folder, small beside the model
-    for v in run_dir.joinpath("weights").iterdir():
+    versions = list(run_dir.joinpath("weights").iterdir())
+    assert versions
+    for v in versions:
         assert (v / "adapter_config.json").is_file() and not (v / "model.safetensors").exists()
         assert (v / "adapter_model.safetensors").stat().st_size < (tiny_calc_model / "model.safetensors").stat().st_size / 3
     assert (run_dir / "final" / "model.safetensors").is_file() and (run_dir / "final_adapter" / "adapter_config.json").is_file()
-
-    records = train(6)  # resumes from checkpoint step 2
-    assert "resuming from" in " ".join(r["message"] for r in records if r["kind"] == "event")
-    assert [r["version"] for r in records if r["kind"] == "step"] == [1, 2, 3, 4, 5, 6]
     trained = [json.loads(line) for line in (run_dir / "trained.jsonl").read_text().splitlines()]
     prompts = [p for t in trained for p in t["prompts"]]
     assert len(prompts) == len(set(prompts))

@@ -1,6 +1,11 @@
-"""``agentrl train recipes/smol_calc.toml`` on SmolLM2-135M-Instruct: SIGKILL mid-run, resume,
-finish; then ``agentrl export`` of the last checkpoint, served by vLLM's OpenAI server, answers a
-chat completion and stops at the end of its turn (the generation config's EOS)."""
+"""``agentrl train recipes/smol_calc.toml`` on SmolLM2-135M-Instruct (the real pretrained model,
+tied embeddings) trains every step with checkpoints and prunes its published versions; then
+``agentrl export`` of the last checkpoint, served by vLLM's OpenAI server, answers a chat
+completion and stops at the end of its turn (the generation config's EOS).
+
+SIGKILL mid-run and resume are checked on the tiny model, by the append-only audit
+(test_resume_e2e.py; test_ppo_e2e.py and test_lora_e2e.py resume the critic and adapters): a
+kill and a second start-up of SmolLM2 here cost about two minutes and checked less."""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ import httpx
 import pytest
 
 from agentrl.cli import train_command
-from tests.e2e.helpers import REPO, run_then_kill, steps, vllm_server
+from tests.e2e.helpers import REPO, steps, vllm_server
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
@@ -27,14 +32,11 @@ def _cmd(run_dir, model) -> list[str]:
     )
 
 
-def test_smollm2_kill_resume_export_serve(tmp_path, smol_model) -> None:
+def test_smollm2_trains_exports_and_serves(tmp_path, smol_model) -> None:
     run_dir = tmp_path / "run"
     env = {**os.environ, "RAY_DEDUP_LOGS": "0"}
-    assert run_then_kill(_cmd(run_dir, smol_model), run_dir, tmp_path / "first.log") < 4
-
-    second = subprocess.run(_cmd(run_dir, smol_model), cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
-    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-5000:]
-    assert "resuming from" in second.stderr
+    run = subprocess.run(_cmd(run_dir, smol_model), cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-5000:]
     assert steps(run_dir) == [1, 2, 3, 4]
     trained = [json.loads(line) for line in (run_dir / "trained.jsonl").read_text().splitlines()]
     prompts = [p for t in trained for p in t["prompts"]]

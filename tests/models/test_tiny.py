@@ -240,30 +240,21 @@ def test_looks_like_local_path(tmp_path: Path) -> None:
 
 
 @pytest.mark.vllm
-def test_vllm_loads_tiny_model(model_dir: Path, tok, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_vllm_loads_tiny_model(tiny_calc_model: Path, tiny_llm) -> None:
+    """vLLM serves a model build_tiny_model wrote (the session's tiny calculator model, in the
+    session's engine: ``tiny_llm``), and its greedy first token is transformers'."""
     import vllm
-    # vLLM reads these lazily, when the engine starts; its processes inherit them.
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1")
-    llm = vllm.LLM(
-        model=str(model_dir),
-        dtype="float32",
-        max_model_len=512,
-        kv_cache_memory_bytes=64 * 2**20,  # explicit size: no host-memory fraction needed on CPU
-        enforce_eager=True,
-        seed=0,
-    )
-    try:
-        prompt = tok.apply_chat_template(CONVERSATION[:2], add_generation_prompt=True)["input_ids"]
-        params = vllm.SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-        outputs = llm.generate([{"prompt_token_ids": prompt}], params)
-    finally:
-        llm.llm_engine.engine_core.shutdown()  # stop the engine process now, not at exit
+
+    tok = load_tokenizer(str(tiny_calc_model))
+    prompt = tok.apply_chat_template(CONVERSATION[:2], add_generation_prompt=True)["input_ids"]
+    params = vllm.SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    outputs = tiny_llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
     token_ids = list(outputs[0].outputs[0].token_ids)
     assert len(token_ids) == 8
     assert all(isinstance(t, int) and 0 <= t < len(tok) for t in token_ids)
 
     # Greedy vLLM agrees with greedy transformers on the first token.
-    model = load_causal_lm(str(model_dir))
+    model = load_causal_lm(str(tiny_calc_model))
     with torch.no_grad():
         first = model(input_ids=torch.tensor([prompt])).logits[0, -1].argmax().item()
     assert token_ids[0] == first

@@ -9,6 +9,8 @@ development machine: 9.5e-7 and 1.9e-7 over 192 tokens). The learner's
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.engine.training.test_learner_correctness import make_learner
@@ -17,37 +19,30 @@ MAX_ABS_TOL = 1e-4
 MEAN_ABS_TOL = 1e-5
 
 
-def _generate_with_vllm(model: str, prompts: list[list[int]], temperature: float = 1.0) -> list[tuple[list[int], list[float]]]:
-    """Sample 48 tokens per prompt from an engine configured as agentrl's generators configure
-    theirs (:func:`agentrl.engine.generation.generator.engine_kwargs`); the sampled ids and their log-probs."""
-    from vllm import LLM, SamplingParams
+def _generate_with_vllm(llm: Any, prompts: list[list[int]], temperature: float = 1.0) -> list[tuple[list[int], list[float]]]:
+    """Sample 48 tokens per prompt (seed 0) from ``llm`` (the session's ``tiny_llm``: configured as
+    agentrl's generators configure theirs); the sampled ids and their log-probs."""
+    from vllm import SamplingParams
 
-    from agentrl.engine.generation.generator import EngineSettings, engine_kwargs
-
-    settings = EngineSettings(model=model, dtype="float32", max_model_len=512, kv_cache_gib=1 / 16, seed=0)
-    llm = LLM(**engine_kwargs(settings, on_gpu=False))
-    try:
-        params = SamplingParams(temperature=temperature, max_tokens=48, logprobs=0, seed=0, ignore_eos=True)
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        result = []
-        for out in outs:
-            comp = out.outputs[0]
-            ids = list(comp.token_ids)
-            lps = [comp.logprobs[t][tok].logprob for t, tok in enumerate(ids)]
-            result.append((ids, lps))
-        return result
-    finally:
-        llm.llm_engine.engine_core.shutdown()
+    params = SamplingParams(temperature=temperature, max_tokens=48, logprobs=0, seed=0, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    result = []
+    for out in outs:
+        comp = out.outputs[0]
+        ids = list(comp.token_ids)
+        lps = [comp.logprobs[t][tok].logprob for t, tok in enumerate(ids)]
+        result.append((ids, lps))
+    return result
 
 
 @pytest.mark.vllm
-def test_learner_logprobs_match_vllm(tiny_calc_model):
+def test_learner_logprobs_match_vllm(tiny_calc_model, tiny_llm):
     from agentrl.models.loading import load_tokenizer
 
     tok = load_tokenizer(str(tiny_calc_model))
     texts = ["What is 123*45+67?", "Compute 908*12+3.", "17*34+5 =", "Use the calculator: 555*55+55"]
     prompts = [tok(t)["input_ids"] for t in texts]
-    generated = _generate_with_vllm(str(tiny_calc_model), prompts)
+    generated = _generate_with_vllm(tiny_llm, prompts)
 
     samples = []
     for prompt, (ids, lps) in zip(prompts, generated):
@@ -84,14 +79,14 @@ def test_learner_logprobs_match_vllm(tiny_calc_model):
 
 
 @pytest.mark.vllm
-def test_learner_logprobs_match_vllm_at_a_sampling_temperature(tiny_calc_model):
+def test_learner_logprobs_match_vllm_at_a_sampling_temperature(tiny_calc_model, tiny_llm):
     """At temperature 0.7 the behaviour log-probs are those of softmax(logits / 0.7), the
     distribution vLLM sampled from; the learner, told the temperature, computes the same."""
     from agentrl.models.loading import load_tokenizer
 
     tok = load_tokenizer(str(tiny_calc_model))
     prompts = [tok(t)["input_ids"] for t in ["What is 123*45+67?", "Compute 908*12+3.", "17*34+5 ="]]
-    generated = _generate_with_vllm(str(tiny_calc_model), prompts, temperature=0.7)
+    generated = _generate_with_vllm(tiny_llm, prompts, temperature=0.7)
     samples = [
         {"tokens": p + ids, "loss_mask": [0] * len(p) + [1] * len(ids), "behaviour_logprobs": [0.0] * len(p) + lps, "advantage": 0.0}
         for p, (ids, lps) in zip(prompts, generated)
