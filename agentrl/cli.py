@@ -141,12 +141,24 @@ def _check(args: argparse.Namespace) -> int:
 
     use_user_code(args.recipe)
     recipe = load_recipe(args.recipe, args.overrides)
-    print(f"{args.recipe}: ok (mode={recipe.mode}, model={recipe.model.path}, {'agent=' + recipe.env.agent if recipe.env.agent else 'env=' + recipe.env.id})")
-    if args.dry_run:
-        from agentrl.dryrun import dry_run
+    what = f"mode={recipe.mode}, model={recipe.model.path}, {'agent=' + recipe.env.agent if recipe.env.agent else 'env=' + recipe.env.id}"
+    if not args.dry_run:
+        print(f"{args.recipe}: ok ({what})")
+        return 0
+    from agentrl.dryrun import dry_run
 
-        return 0 if dry_run(recipe) else 2
-    return 0
+    lines: list[str] = []
+    passed = dry_run(recipe, echo=lines.append)
+    errors = sum(1 for line in lines if line.split()[:1] == ["error"])
+    offline = sum(1 for line in lines if line.split()[:1] == ["offline"])
+    if not passed or errors:
+        head = f"{errors} error{'s' if errors != 1 else ''}" if errors else "failed"
+    else:
+        head = "ok"
+    print(f"{args.recipe}: {head} ({what})" + (f"; {offline} check(s) need the network" if offline else ""))
+    for line in lines:
+        print(line)
+    return 0 if passed and not errors else 2
 
 
 def _model_import(args: argparse.Namespace) -> int:
