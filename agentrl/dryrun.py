@@ -1,7 +1,8 @@
 """``agentrl check RECIPE --dry-run``: resolve what can be resolved without running anything.
 
 Each check prints one line: ``ok``, ``offline`` (needs the network: a hub model or dataset that
-is not cached here — not an error on a machine without internet), or ``error`` (the recipe
+is not cached here — not an error on a machine without internet), ``elsewhere`` (planned for a
+machine this is not: a GPU recipe checked on a machine without GPUs), or ``error`` (the recipe
 cannot run anywhere). The run directory is not created and no actor is started.
 """
 
@@ -11,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agentrl.config import Recipe
-from agentrl.errors import AgentRLError, DataError, ModelError
+from agentrl.errors import AgentRLError, ConfigError, DataError, ModelError
 
 __all__ = ["dry_run"]
 
@@ -137,6 +138,25 @@ def _resources(recipe: Recipe) -> tuple[str, str]:
     return "ok", f"needs {gpus:g} GPUs and {cpus:g} CPUs in the Ray cluster ({g.num_generators} generators, {lr.num_ranks} learner ranks{critic})"
 
 
+def _placement(recipe: Recipe) -> tuple[str, str]:
+    """``placement.mode`` resolved for this machine (or ``placement.gpus_per_node`` GPUs of
+    ``placement.gpu_memory_gib``), with the colocated memory plan; an impossible one is an error."""
+    from agentrl.placement_plan import ClusterShape, plan_placement
+
+    p = recipe.placement
+    shape = ClusterShape.this_machine(gpus_per_node=p.gpus_per_node, gpu_memory_gib=p.gpu_memory_gib)
+    wants_gpus = recipe.generator.num_gpus > 0 or recipe.learner.num_gpus > 0
+    if wants_gpus and not shape.total_gpus:
+        return "elsewhere", ("this machine has no GPU; set placement.gpus_per_node (and placement.gpu_memory_gib) "
+                             "to plan the placement of the GPU machine the recipe is for")
+    try:
+        plan = plan_placement(recipe, shape)
+    except ConfigError as exc:
+        return "error", str(exc)
+    first, *rest = plan.lines()
+    return "ok", "\n".join([first.removeprefix("placement: "), *(f"{'':23}{line.strip()}" for line in rest)])
+
+
 def _objective(recipe: Recipe) -> tuple[str, str]:
     """The advantage estimator and, for PPO with GAE, the critic."""
     a = recipe.algo
@@ -191,6 +211,7 @@ def dry_run(recipe: Recipe, echo: Callable[[str], None] = print) -> bool:
         ("prompt", lambda: _prompt(recipe)),
         ("sandbox", lambda: _sandbox(recipe)),
         ("resources", lambda: _resources(recipe)),
+        ("placement", lambda: _placement(recipe)),
     ]
     ok = True
     for name, fn in checks:

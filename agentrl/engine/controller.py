@@ -21,7 +21,7 @@ from typing import Any
 from agentrl.config import Recipe
 from agentrl.engine import wiring
 from agentrl.engine.loop.checkpointing import RunCheckpointer
-from agentrl.engine.common.cluster import new_actor, shutdown_all, start_ray, stop_ray
+from agentrl.engine.common.cluster import cluster_nodes, new_actor, shutdown_all, start_ray, stop_ray
 from agentrl.engine.loop.critic_stage import CriticStage
 from agentrl.engine.loop.evaluation import Evaluator
 from agentrl.engine.loop.failover import LearnerFailover, run_with_failover
@@ -29,6 +29,7 @@ from agentrl.engine.generation.fleet import GeneratorFleet
 from agentrl.engine.training.learner_group import LearnerGroup
 from agentrl.engine.loop.ledger import PromptLedger
 from agentrl.engine.loop.loop import LoopHook, RLLoop
+from agentrl.engine.loop.rollout_failover import RolloutFailover
 from agentrl.engine.metrics import MetricsLogger
 from agentrl.engine.prepare import prepare_model
 from agentrl.engine.loop.publishing import WeightPublisher
@@ -64,6 +65,10 @@ class Controller:
         self.hooks = list(hooks)
         self.rewards = RewardActors()
         """A separate judge's generators and the reward model (``[reward]``), once started."""
+        self.placement: Any = None
+        """The run's :class:`~agentrl.placement_plan.PlacementPlan`, once Ray is up."""
+        self._shared: Any = None
+        """Colocated on GPUs: the reservation learner ranks and generators share (see :meth:`_shared_placement`)."""
 
     def run(self) -> RunSummary:
         """Run the recipe to the end and return its summary."""
@@ -88,6 +93,7 @@ class Controller:
         rows = load_rows(r.data.source, split=r.data.split, fields=r.data.fields or None, limit=r.data.limit, seed=r.seed)
         model = prepare_model(r, rows, log)
         started_ray = start_ray(wiring.ray_init_kwargs(r))
+        r = self._place(log)
         learners = self._learner_group()
         critic = self._critic_group() if r.algo.advantage == "gae" and r.mode in ("async", "sync") else None
         fleet: GeneratorFleet | None = None
@@ -137,9 +143,28 @@ class Controller:
             await learners.stop()
             if critic is not None:
                 await critic.stop()
+            if self._shared is not None:
+                self._shared.close()
             log.close()
             if started_ray:
                 stop_ray()
+
+    def _place(self, log: MetricsLogger) -> Recipe:
+        """Resolve ``[placement]`` on the cluster Ray reports (:mod:`agentrl.placement_plan`): the
+        recipe in force from here on, its plan said in the run's first lines."""
+        from agentrl.placement_plan import ClusterShape, apply_placement, plan_placement
+
+        r = self.recipe
+        local = ClusterShape.this_machine(gpu_memory_gib=r.placement.gpu_memory_gib)
+        shape = ClusterShape.from_ray_nodes(cluster_nodes(), gpu_memory_gib=local.gpu_memory_gib)
+        self.placement = plan = plan_placement(r, shape)
+        self.recipe = r = apply_placement(r, plan)
+        self.run_dir.recipe.write_text(json.dumps(r.model_dump(mode="json"), indent=2))
+        first, *rest = plan.lines()
+        log.event(first, placement=plan.mode, placement_reason=plan.reason, max_staleness=plan.max_staleness)
+        for line in rest:
+            log.event(line.strip())
+        return r
 
     async def _sft(self, learners: LearnerGroup, model: str, log: MetricsLogger) -> str:
         """The supervised warm-up; the folder of the warmed-up model."""
@@ -193,12 +218,27 @@ class Controller:
             startup_timeout_s=r.generator.startup_timeout_s, log=log,
         )
         kwargs.update(self.rewards.worker_kwargs())
-        fleet.workers = [
-            new_actor(RolloutWorker, {"num_cpus": r.rollout.num_cpus, "runtime_env": wiring.actor_runtime_env(self.run_dir.logs, f"rollout-{i}", r.rollout.cpu_affinity)},
-                      generators=fleet.generators, **kwargs)
-            for i in range(r.rollout.num_workers)
-        ]
-        await timed(asyncio.gather(*[w.ping.remote() for w in fleet.workers]), 300, "rollout worker start-up")
+        self._worker_pids: dict[int, int] = {}
+
+        async def start_worker(i: int) -> Any:
+            """Rollout worker ``i`` (the fleet's current generators), once it answers; a
+            replacement (:mod:`agentrl.engine.loop.rollout_failover`) is started the same way."""
+            worker = new_actor(RolloutWorker, {"num_cpus": r.rollout.num_cpus, "runtime_env": wiring.actor_runtime_env(self.run_dir.logs, f"rollout-{i}", r.rollout.cpu_affinity)},
+                               generators=fleet.generators, **kwargs)
+            self._worker_pids[i] = await worker.process_id.remote()
+            return worker
+
+        async def teardown_worker(i: int) -> None:
+            """Release what dead rollout worker ``i`` held outside its process: its Docker
+            sandbox containers (bubblewrap sandboxes and the agent gateway died with it)."""
+            pid = self._worker_pids.pop(i, None)
+            if pid is not None and r.sandbox.type == "docker":
+                from agentrl.sandbox.docker import remove_containers_of
+
+                await asyncio.to_thread(remove_containers_of, pid)
+
+        self._start_worker, self._teardown_worker = start_worker, teardown_worker
+        fleet.workers = list(await timed(asyncio.gather(*[start_worker(i) for i in range(r.rollout.num_workers)]), 300, "rollout worker start-up"))
 
     async def _rl(
         self, rows: list[dict[str, Any]], fleet: GeneratorFleet, publisher: WeightPublisher, learners: LearnerGroup,
@@ -218,6 +258,11 @@ class Controller:
             critic=critic,
         )
 
+        rollout_failover = RolloutFailover(  # one for the run: its restarts are bounded across learner restarts
+            workers=lambda: fleet.workers, start=self._start_worker, teardown=self._teardown_worker,
+            max_restarts=r.rollout.max_restarts, log=log,
+        )
+
         async def run(at: RunState | None) -> RLLoop:
             queue = StalenessQueue(**wiring.queue_kwargs(r))
             kwargs = wiring.ledger_kwargs(r, len(rows))
@@ -228,7 +273,7 @@ class Controller:
                 rows=rows, queue=queue, ledger=ledger, fleet=fleet, publisher=publisher, learners=learners,
                 batch=wiring.batch_settings(r), settings=wiring.loop_settings(r), log=log, run_dir=rd,
                 checkpoint=checkpointer.save, evaluate=evaluator, version=at.version if at is not None else 0, hooks=self.hooks,
-                critic=critic_stage,
+                critic=critic_stage, rollout_failover=rollout_failover,
             )
             await loop.run()
             return loop
@@ -263,21 +308,38 @@ class Controller:
 
         logs = self.run_dir.logs
         wait_s = self.recipe.learner.placement_timeout_s
+        shared = self._shared_placement() if cls.__name__ == "Learner" else None
         return LearnerGroup(
             num_ranks=num_ranks,
             factory=lambda rank, kwargs, options: new_actor(
                 cls, {**options, "runtime_env": wiring.actor_runtime_env(logs, f"{name}-{rank}", cpus)}, **kwargs),
-            placement=lambda: LearnerPlacement(learner_bundles(num_ranks, num_cpus, num_gpus, resources), wait_s),
+            placement=(lambda: shared) if shared is not None else (
+                lambda: LearnerPlacement(learner_bundles(num_ranks, num_cpus, num_gpus, resources), wait_s)),
             timeout_s=timeout_s,
             placement_timeout_s=wait_s,
         )
 
+    def _shared_placement(self) -> Any:
+        """Colocated on GPUs: the one reservation that holds learner rank ``i`` and generator ``i``
+        on GPU ``i`` (made once per run); None otherwise."""
+        from agentrl.engine.training.placement import SharedPlacement
+
+        r = self.recipe
+        if self.placement is None or not (self.placement.colocated and self.placement.on_gpu):
+            return None
+        if self._shared is None:
+            lc, g = r.learner, r.generator
+            self._shared = SharedPlacement(lc.num_ranks, lc.num_cpus + g.num_cpus, lc.resources, lc.placement_timeout_s).with_learner_cpus(lc.num_cpus)
+        return self._shared
+
     def _fleet(self, model: str, tokenizer: str, log: MetricsLogger) -> GeneratorFleet:
         r = self.recipe
+        shared = self._shared_placement()
 
         def factory(settings: Any, version: int, index: int) -> Any:
             spec = wiring.generator_actor(r, settings, version, index, self.run_dir.logs)
-            return new_actor(spec.cls, spec.options, *spec.args, **spec.kwargs)
+            options = {**spec.options, **shared.generator_options(index, r.generator.num_cpus)} if shared is not None else spec.options
+            return new_actor(spec.cls, options, *spec.args, **spec.kwargs)
 
         return GeneratorFleet(
             factory=factory, settings=wiring.engine_settings(r, model=model, tokenizer=tokenizer), count=wiring.generator_count(r),

@@ -12,7 +12,8 @@ loop; :meth:`LocalActor.kill` makes every later call fail the way a dead Ray act
   and reports the episodes of a dead generator as infrastructure failures, as the real worker does.
 - :class:`FakeLearner` records what it trained; it writes version folders, checkpoints and
   exports as small marker files, so the run-directory logic is the real one.
-- Hooks for :class:`~agentrl.engine.loop.loop.RLLoop`: :class:`KillGenerator`, :class:`KillLearner`.
+- Hooks for :class:`~agentrl.engine.loop.loop.RLLoop`: :class:`KillGenerator`, :class:`KillLearner`,
+  :class:`KillWorker`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = [
     "FakeWorker",
     "KillGenerator",
     "KillLearner",
+    "KillWorker",
     "LocalActor",
     "local_actor",
     "ScriptedGenerator",
@@ -105,11 +107,18 @@ class FakeGenerator(GeneratorCounters, Generator):
         self.delay_s = delay_s
         self.loaded: list[tuple[int, str]] = []
         """``(version, path)`` of every update."""
+        self.calls: list[tuple[str, int]] = []
+        """``("generate", version)``, ``("sleep", level)`` and ``("load", version)``, in call order."""
 
     async def start(self) -> dict[str, Any]:
         return {"fake": True, "version": self.version}
 
+    async def sleep(self, level: int) -> float:
+        self.calls.append(("sleep", level))
+        return 0.0
+
     async def generate(self, prompt_token_ids: list[int], sampling: dict[str, Any]) -> Generation:
+        self.calls.append(("generate", self.version))
         with self.busy:
             await asyncio.sleep(self.delay_s)
             n = min(self.tokens, int(sampling.get("max_tokens", self.tokens)))
@@ -117,6 +126,7 @@ class FakeGenerator(GeneratorCounters, Generator):
             return Generation([7] * n, [-1.0] * n, [self.version] * n, "stop")
 
     async def update_weights(self, version: int, path: str) -> float:
+        self.calls.append(("load", version))
         self.loaded.append((version, path))
         self.version = version
         self.update_stalls_s.append(0.0)
@@ -348,6 +358,29 @@ class KillGenerator:
         return None
 
 
+class KillWorker:
+    """Loop hook: kill rollout worker ``index`` once the learner reached ``after_step`` and
+    groups are in flight (as if its process was SIGKILLed); ``times`` kills in all, each at a
+    later step than the one before."""
+
+    def __init__(self, after_step: int, index: int = 0, times: int = 1) -> None:
+        self.step, self.index, self.left = after_step, index, times
+        self.killed: list[Any] = []
+        """The handles killed, in order."""
+
+    async def on_round(self, loop: Any) -> None:
+        if self.left and loop.version >= self.step and loop.pending:
+            loop.log.event(f"fault injection: killing rollout worker {self.index} after step {loop.version}")
+            handle = loop.fleet.workers[self.index]
+            kill(handle)
+            self.killed.append(handle)
+            self.left -= 1
+            self.step = loop.version + 1
+
+    async def after_step(self, loop: Any) -> None:
+        return None
+
+
 class KillLearner:
     """Loop hook: kill learner rank ``rank`` right after step ``after_step`` was logged (so the
     next step, or the checkpoint after it, finds it dead)."""
@@ -377,7 +410,10 @@ class FakeRun:
     (``advantage = "gae"``, with ``critic_warmup`` warm-up steps; None: GRPO); ``state``: a
     checkpoint's run state to resume from (None: the start); ``dynamic_sampling``,
     ``max_sampling_factor``, ``solved_reward``: as the recipe's ``[algo]`` keys (refill sets
-    groups without a learning signal aside in the queue).
+    groups without a learning signal aside in the queue); ``worker_restarts``: replace a dead
+    rollout worker at most this many times (:mod:`agentrl.engine.loop.rollout_failover`; None:
+    no replacement, its groups are only lost); ``colocated``, ``sleep_level``: as
+    :class:`~agentrl.engine.loop.loop.LoopSettings` (generators and learner take turns).
     """
 
     def __init__(
@@ -386,6 +422,7 @@ class FakeRun:
         worker: dict[str, Any] | None = None, learner: dict[str, Any] | None = None, hooks: list[Any] | None = None,
         timeout_s: float = 30.0, max_degenerate_steps: int = 0, critic: dict[str, Any] | None = None, critic_warmup: int = 0,
         dynamic_sampling: str = "off", max_sampling_factor: float = 3.0, solved_reward: float = 1.0,
+        worker_restarts: int | None = None, colocated: bool = False, sleep_level: int = 0,
     ) -> None:
         import functools
 
@@ -408,6 +445,8 @@ class FakeRun:
         self.num_workers = num_workers
         self.checkpoint_every, self.max_restarts = checkpoint_every, max_restarts
         self.worker_kwargs = dict(worker or {})
+        self.worker_restarts = worker_restarts
+        self.workers_made = 0
         self.hooks = list(hooks or [])
         self.console = io.StringIO()
         self.log = MetricsLogger(self.run_dir.root, console=Console(file=self.console, width=200), live=False)
@@ -448,6 +487,7 @@ class FakeRun:
         self.settings = LoopSettings(
             max_steps=max_steps, group_size=group_size, episode_timeout_s=timeout_s, stuck_timeout_s=3 * timeout_s,
             checkpoint_every=checkpoint_every, max_degenerate_steps=max_degenerate_steps,
+            colocated=colocated, sleep_level=sleep_level,
         )
 
     async def start(self, version: int = 0) -> None:
@@ -456,7 +496,11 @@ class FakeRun:
         await self.learners.start({})
         if self.critic is not None:
             await self.critic.start({})
-        self.fleet.workers = [local_actor(FakeWorker(self.fleet.generators, **self.worker_kwargs), f"worker {i}") for i in range(self.num_workers)]
+        self.fleet.workers = [self._make_worker(i) for i in range(self.num_workers)]
+
+    def _make_worker(self, index: int) -> LocalActor:
+        self.workers_made += 1
+        return local_actor(FakeWorker(self.fleet.generators, **self.worker_kwargs), f"worker {index}")
 
     async def run(self, state: Any = None) -> Any:
         """Start, then run the loop (with learner failover) from ``state``; the finished loop."""
@@ -480,6 +524,16 @@ class FakeRun:
         stage = None if self.critic is None else CriticStage(group=self.critic, settings=GaeSettings(normalize=False, lam=1.0),
                                                             warmup_steps=self.critic_warmup)
 
+        rollout_failover = None
+        if self.worker_restarts is not None:
+            from agentrl.engine.loop.rollout_failover import RolloutFailover
+
+            async def start_worker(index: int) -> LocalActor:
+                return self._make_worker(index)
+
+            rollout_failover = RolloutFailover(workers=lambda: self.fleet.workers, start=start_worker,
+                                               max_restarts=self.worker_restarts, log=self.log, ping_timeout_s=5.0)
+
         async def run(at: Any) -> RLLoop:
             queue = StalenessQueue(batch_size=self.batch_size, group_size=self.group_size, max_staleness=self.max_staleness,
                                    **self.queue_kwargs)
@@ -488,7 +542,7 @@ class FakeRun:
             loop = RLLoop(
                 rows=self.rows, queue=queue, ledger=ledger, fleet=self.fleet, publisher=self.publisher, learners=self.learners,
                 batch=self.batch, settings=self.settings, log=self.log, run_dir=self.run_dir, checkpoint=checkpointer.save,
-                version=at.version if at is not None else 0, hooks=self.hooks, critic=stage,
+                version=at.version if at is not None else 0, hooks=self.hooks, critic=stage, rollout_failover=rollout_failover,
             )
             await loop.run()
             return loop

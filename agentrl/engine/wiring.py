@@ -40,6 +40,7 @@ __all__ = [
     "reward_cpus",
     "reward_kwargs",
     "reward_model_actor",
+    "sleep_level",
     "worker_kwargs",
 ]
 
@@ -207,6 +208,7 @@ def engine_settings(recipe: Recipe, *, model: str, tokenizer: str | None) -> Eng
         recompute_kv_on_update=g.recompute_kv_on_update,
         max_lora_rank=vllm_max_lora_rank(r.lora.rank) if r.lora is not None else None,
         max_loras=r.lora.max_loras if r.lora is not None else 4,
+        sleep_mode=sleep_level(r) > 0,
         # tensor parallelism inside the actor: vLLM's workers are processes that see the actor's
         # GPUs (the Ray executor would ask Ray for GPUs the actor already holds)
         extra={
@@ -304,13 +306,25 @@ def loop_settings(recipe: Recipe) -> LoopSettings:
         # each awaited item carries its own timeout; this outer one is a last guard
         stuck_timeout_s=r.rollout.episode_timeout_s + r.learner.timeout_s + 2 * r.generator.timeout_s,
         checkpoint_every=r.checkpoint.every_steps,
-        eval_every=r.eval.every_steps,
-        max_degenerate_steps=r.learner.max_degenerate_steps,
         checkpoint_every_s=60.0 * r.checkpoint.every_minutes,
         checkpoint_first_step=r.checkpoint.first_step,
         checkpoint_at_eval=r.checkpoint.at_eval,
+        eval_every=r.eval.every_steps,
+        max_degenerate_steps=r.learner.max_degenerate_steps,
         max_episode_tokens=min(r.rollout.max_episode_tokens, r.generator.max_model_len),
+        colocated=r.placement.mode == "colocated",
+        sleep_level=sleep_level(r),
     )
+
+
+def sleep_level(recipe: Recipe) -> int:
+    """How deep the generators sleep while the learner trains: colocated on GPUs, 1 with LoRA
+    (the base weights stay, in host memory) and 2 otherwise (the weights are replaced by the new
+    version); 0 (no sleep) separate or on CPUs."""
+    r = recipe
+    if r.placement.mode != "colocated" or r.generator.num_gpus == 0:
+        return 0
+    return 1 if r.lora is not None else 2
 
 
 def queue_kwargs(recipe: Recipe) -> dict[str, Any]:

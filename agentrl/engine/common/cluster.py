@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["ACTOR_CPUS_ENV", "ACTOR_LOG_ENV", "actor_died", "current_node_id", "pin_process", "kill", "new_actor", "redirect_actor_output", "shutdown_all", "start_ray", "stop_ray"]
+__all__ = ["ACTOR_CPUS_ENV", "ACTOR_LOG_ENV", "actor_died", "cluster_nodes", "current_node_id", "pin_process", "kill", "new_actor", "redirect_actor_output", "shutdown_all", "start_ray", "stop_ray"]
 
 ACTOR_LOG_ENV = "AGENTRL_ACTOR_LOG"
 """The environment variable that names an actor's log file (set per actor in its runtime env)."""
@@ -85,6 +85,13 @@ def start_ray(init_kwargs: dict[str, Any]) -> bool:
         return False
     ray.init(**init_kwargs)
     return True
+
+
+def cluster_nodes() -> list[dict[str, Any]]:
+    """The cluster's nodes as ``ray.nodes()`` reports them (``Alive``, ``Resources``...)."""
+    import ray
+
+    return list(ray.nodes())
 
 
 def stop_ray() -> None:

@@ -55,3 +55,10 @@ class Generator(Protocol):
 
     async def shutdown(self) -> None:
         """Stop serving and free the engine's resources."""
+
+    async def sleep(self, level: int) -> float:
+        """Colocated placement: free the device for the learner until the next
+        ``update_weights`` or ``generate`` wakes the generator (level 1: weights kept in host
+        memory, KV cache dropped; level 2: weights dropped too, a new version is about to
+        replace them). Seconds it took. Default: nothing to free (0.0)."""
+        return 0.0

@@ -146,6 +146,15 @@ class GeneratorFleet:
             await asyncio.gather(*[w.set_generators.remote(self.generators) for w in self.workers])
         return replaced
 
+    async def sleep(self, level: int) -> list[float]:
+        """Colocated placement: put every generator to sleep at ``level`` (see
+        :meth:`~agentrl.engine.common.interfaces.Generator.sleep`) while the learner uses the
+        devices; the next load or request wakes each. Seconds each took."""
+        return list(await timed(
+            asyncio.gather(*[g.sleep.remote(level) for g in self.generators]), self.timeout_s + 30,
+            f"putting the generators to sleep (level {level})", GeneratorError,
+        ))
+
     # ------------------------------------------------------------------ versions from disk
     def start_load(self, version: int, folder: Path) -> None:
         """Start loading the published ``folder`` as ``version`` into every generator in the

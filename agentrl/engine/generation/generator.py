@@ -70,6 +70,9 @@ class EngineSettings:
     Weight versions are then adapters (see :meth:`VllmGenerator.update_weights`)."""
     max_loras: int = 4
     """Adapters one engine batch may mix (versions in flight at once)."""
+    sleep_mode: bool = False
+    """Colocated placement on a GPU: start vLLM with sleep mode, so that :meth:`VllmGenerator.sleep`
+    frees the device for the learner (ignored on CPU, where vLLM has no sleep mode)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Further ``AsyncEngineArgs`` keyword arguments, passed through."""
 
@@ -177,6 +180,8 @@ def engine_kwargs(s: EngineSettings, on_gpu: bool) -> dict[str, Any]:
         kwargs.setdefault("block_size", CPU_BLOCK_SIZE)
     if s.weight_transfer is not None:
         kwargs["weight_transfer_config"] = {"backend": s.weight_transfer}
+    if s.sleep_mode and on_gpu:
+        kwargs["enable_sleep_mode"] = True
     if s.max_lora_rank is not None:
         kwargs.update(enable_lora=True, max_lora_rank=s.max_lora_rank, max_loras=s.max_loras, max_cpu_loras=s.max_loras)
     kwargs["worker_extension_cls"] = WORKER_EXTENSION  # agentrl's worker methods (tied embeddings)
@@ -213,6 +218,9 @@ class VllmGenerator(GeneratorCounters, Generator):
         """LoRA: the loaded adapters' ``LoRARequest`` by weight version."""
         self._adapter_users: dict[int, int] = {}
         """LoRA: requests in flight per adapter version."""
+        self._on_gpu = False
+        self._asleep: set[str] = set()
+        """What of a sleeping engine is not on the device (``weights``, ``kv_cache``); empty: awake."""
         self._next_lora_id = 1
         """LoRA: the id of the next adapter loaded. Ids are never reused: vLLM keys its prefix cache
         by adapter id, so a version published again (after a learner restart) under an old id
@@ -227,7 +235,7 @@ class VllmGenerator(GeneratorCounters, Generator):
             from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise GeneratorError(f"vLLM is not installed ({exc}); run scripts/setup.sh") from exc
-        on_gpu = torch.cuda.is_available()
+        self._on_gpu = on_gpu = torch.cuda.is_available()
         if not on_gpu:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", s.cpu_threads_bind)
         if s.weight_transfer is not None:
@@ -263,6 +271,7 @@ class VllmGenerator(GeneratorCounters, Generator):
 
         if self.engine is None:
             raise GeneratorError("generator not started")
+        await self._wake(["weights", "kv_cache"])  # asleep (colocated): the learner is done with the device
         if isinstance(sampling.get("structured_outputs"), dict):  # e.g. {"regex": ...} from a judge
             from vllm.sampling_params import StructuredOutputsParams
 
@@ -323,7 +332,9 @@ class VllmGenerator(GeneratorCounters, Generator):
         nothing is paused)."""
         t0 = time.monotonic()
         if self.settings.max_lora_rank is not None:
+            await self._wake(["weights", "kv_cache"])
             return await self._add_adapter(version, path, t0)
+        await self._wake(["weights"])  # level 2 dropped them: the reload below fills them
 
         async def swap() -> None:
             await self.engine.pause_generation(mode="keep", clear_cache=self.settings.recompute_kv_on_update)
@@ -336,7 +347,31 @@ class VllmGenerator(GeneratorCounters, Generator):
                 await self.engine.resume_generation()
 
         await self._bounded(swap(), f"weight update to version {version} from {path}")
+        await self._wake(["kv_cache"])
         return self._updated(version, t0)
+
+    # ------------------------------------------------------------ colocated: sleep and wake
+    async def sleep(self, level: int) -> float:
+        """Free the GPU for the learner (colocated placement): vLLM's sleep mode (the engine was
+        started with ``sleep_mode``). Level 1 offloads the weights to host memory and drops the KV
+        cache; level 2 drops the weights too (a new version replaces them at the next
+        ``update_weights``). Requests in flight finish first. The next ``update_weights`` or
+        ``generate`` wakes the engine. On CPU nothing is freed (vLLM-CPU has no sleep mode): 0.0.
+        Returns the seconds it took."""
+        if not (self.settings.sleep_mode and self._on_gpu) or self._asleep:
+            return 0.0
+        t0 = time.monotonic()
+        await self._bounded(self.engine.sleep(level, mode="wait"), f"sleeping (level {level})")
+        self._asleep = {"weights", "kv_cache"}
+        return time.monotonic() - t0
+
+    async def _wake(self, tags: list[str]) -> None:
+        """Wake the parts ``tags`` (``weights``, ``kv_cache``) of a sleeping engine (no-op awake)."""
+        todo = [t for t in tags if t in self._asleep]
+        if not todo:
+            return
+        await self._bounded(self.engine.wake_up(todo), f"waking up ({', '.join(todo)})")
+        self._asleep -= set(todo)
 
     async def _add_adapter(self, version: int, path: str, t0: float) -> float:
         from vllm.lora.request import LoRARequest

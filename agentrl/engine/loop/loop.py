@@ -37,6 +37,7 @@ from agentrl.engine.generation.fleet import GeneratorFleet
 from agentrl.engine.training.learner_group import LearnerGroup
 from agentrl.engine.loop.ledger import Outcome, PromptLedger
 from agentrl.engine.loop.publishing import WeightPublisher
+from agentrl.engine.loop.rollout_failover import RolloutFailover
 from agentrl.engine.common.run_dir import RunDir
 from agentrl.engine.loop.run_state import RunState
 from agentrl.engine.loop.staleness import RefillRound, StalenessQueue
@@ -74,6 +75,14 @@ class LoopSettings:
     """Stop the run after this many degenerate steps in a row (:mod:`agentrl.engine.loop.degenerate`; 0: never)."""
     max_episode_tokens: int | None = None
     """The episode token limit, named in the words of a degenerate step."""
+    colocated: bool = False
+    """Generators and learner take turns on the same devices (:mod:`agentrl.placement_plan`): a
+    step starts only when no group is in flight, and no group starts while it trains, so each
+    side has the devices to itself."""
+    sleep_level: int = 0
+    """Colocated on GPUs: the generators sleep at this level while the learner trains (1: keep
+    the weights in host memory, for LoRA's base; 2: drop them, a new version replaces them);
+    0: they do not sleep (CPUs: nothing to free)."""
 
 
 class LoopHook(Protocol):
@@ -107,9 +116,13 @@ class RLLoop:
         publisher: WeightPublisher, learners: LearnerGroup, batch: BatchSettings, settings: LoopSettings, log: Any,
         run_dir: RunDir, checkpoint: Callable[[RunState], Awaitable[Any]] | None = None, evaluate: Evaluation | None = None,
         version: int = 0, clock: Callable[[], float] = time.monotonic, hooks: Sequence[LoopHook] = (),
-        critic: CriticStage | None = None,
+        critic: CriticStage | None = None, rollout_failover: RolloutFailover | None = None,
     ) -> None:
         self.rows = rows
+        self.rollout_failover = rollout_failover
+        """Replaces a rollout worker that died (None: a dead worker's groups are only lost)."""
+        self._worker_of: dict[int, Any] = {}
+        """The rollout worker of each group in flight, by ledger key."""
         self.queue = queue
         self.ledger = ledger
         self.fleet = fleet
@@ -164,7 +177,7 @@ class RLLoop:
                 self._admit()
                 for hook in self.hooks:
                     await hook.on_round(self)
-                if self._train_task is None and self.queue.ready():
+                if self._train_task is None and self.queue.ready() and not (s.colocated and self.pending):
                     batch = self.queue.take_batch()  # in prompt order: reproducible updates
                     if not batch and self._mastered(self.queue.last_round):
                         break
@@ -179,13 +192,17 @@ class RLLoop:
         return self.version
 
     def _admit(self) -> None:
-        """Issue prompts while the staleness window admits a group."""
+        """Issue prompts while the staleness window admits a group (colocated: not while the
+        learner trains, it has the devices)."""
+        if self.settings.colocated and self._train_task is not None:
+            return
         workers = self.fleet.workers
         while self.queue.can_start() and self.ledger.has_next():
             key = next(self._tickets)
             idx, gid = self.ledger.issue(key)
             row = self.rows[self.ledger.row_index(idx)]
             worker = workers[next(self._worker_turn) % len(workers)]
+            self._worker_of[key] = worker
             fut = asyncio.ensure_future(
                 timed(worker.run_group.remote(row, idx, gid, self.settings.group_size), self.settings.episode_timeout_s, f"group {gid}")
             )
@@ -220,11 +237,15 @@ class RLLoop:
     # ------------------------------------------------------------------ groups
     async def _group_done(self, fut: asyncio.Future) -> None:
         key = self.pending.pop(fut)
+        worker = self._worker_of.pop(key, None)
         error = ""
+        worker_died = False
         try:
             group: list[Trajectory] = fut.result()
         except Exception as exc:  # noqa: BLE001 - a worker died or timed out: the group is lost
             group, error = [], f"{type(exc).__name__}: {exc}"
+            if self.rollout_failover is not None and worker is not None:  # a dead worker is replaced
+                worker_died = await self.rollout_failover.group_lost(worker, exc)
         failed = [t for t in group if not t.trainable]
         if not group or any("GeneratorError" in t.info.get("error", "") for t in failed):
             await self.fleet.heal(self.version)
@@ -234,7 +255,7 @@ class RLLoop:
                 f.write(json.dumps({"version": self.version, "group_id": t.group_id, "sample": t.sample_index,
                                     "reward": t.reward, "status": t.status, "error": t.info.get("error", ""),
                                     "text": t.info.get("text", ""), "spans": t.info.get("spans", [])}) + "\n")
-        outcome = self.ledger.finish(key, group, error)
+        outcome = self.ledger.finish(key, group, error, worker_died=worker_died)
         if outcome is Outcome.QUEUED:
             reason = self.queue.put(group)
             if reason is not None:  # refill: sampled, no learning signal
@@ -252,6 +273,9 @@ class RLLoop:
         the generators are still loading it when this returns)."""
         hist = staleness_histogram(batch, version)
         samples, stats = batch_samples(batch, self.batch)
+        if self.settings.sleep_level:  # colocated on GPUs: the learner gets the devices' memory
+            slept = await self.fleet.sleep(self.settings.sleep_level)
+            stats["generator_sleep_s"] = max(slept) if slept else 0.0
         t0 = self.clock()
         what = f"learner step {version + 1}"
         if not batch:  # refill found no group with a learning signal within its budget

@@ -13,7 +13,7 @@ from typing import Any
 
 from agentrl.errors import InfraError
 
-__all__ = ["LearnerPlacement", "learner_bundles"]
+__all__ = ["LearnerPlacement", "SharedPlacement", "learner_bundles"]
 
 
 def learner_bundles(num_ranks: int, num_cpus: float, num_gpus: float, resources: dict[str, float]) -> list[dict[str, float]]:
@@ -90,3 +90,50 @@ class LearnerPlacement:
             except Exception:  # already removed, or the cluster is gone
                 pass
         self.group = None
+
+
+class SharedPlacement(LearnerPlacement):
+    """Colocated placement on GPUs: one bundle per GPU (``{"GPU": 1, "CPU": ...}``), holding
+    learner rank ``i`` and generator ``i`` together, each with half of the bundle's GPU in Ray's
+    accounting (both see the same device; they take turns with it: the generator sleeps while the
+    learner trains).
+
+    The reservation outlives learner restarts (the generators stay in it): :meth:`release` keeps
+    it, :meth:`close` frees it at the end of the run."""
+
+    SHARE = 0.5
+    """Ray's GPU share of each of the two actors in a bundle."""
+
+    def __init__(self, num_pairs: int, cpus_per_pair: float, resources: dict[str, float], timeout_s: float) -> None:
+        super().__init__(learner_bundles(num_pairs, cpus_per_pair, 1.0, resources), timeout_s)
+        self._learner_cpus: float | None = None
+
+    def with_learner_cpus(self, num_cpus: float) -> SharedPlacement:
+        """Use ``num_cpus`` of each bundle for the learner rank (the rest is the generator's)."""
+        self._learner_cpus = num_cpus
+        return self
+
+    def options(self, rank: int) -> dict[str, Any]:
+        opts = super().options(rank)
+        opts["num_gpus"] = self.SHARE
+        if self._learner_cpus is not None:
+            opts["num_cpus"] = self._learner_cpus
+        return opts
+
+    def generator_options(self, index: int, num_cpus: float) -> dict[str, Any]:
+        """Ray options that put generator ``index`` in bundle ``index`` (beside learner rank
+        ``index``) with ``num_cpus`` CPUs and its GPU share."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return {
+            "num_cpus": num_cpus,
+            "num_gpus": self.SHARE,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=index),
+        }
+
+    def release(self) -> None:
+        """Kept: the generators live in the same bundles (see :meth:`close`)."""
+
+    def close(self) -> None:
+        """Free the reservation (the actors in it should be gone first)."""
+        super().release()

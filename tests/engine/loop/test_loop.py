@@ -190,3 +190,48 @@ def test_ppo_warm_up_holds_the_policy_and_learner_failover_rewinds_the_critic(tm
     assert all(s["value_tokens"] > 0 and s["advantage_abs_mean"] > 0 for s in steps)  # R - V with V = 0.25: never 0
     assert {s.get("policy_held") for s in steps[:2]} == {1.0}
     assert json.loads((latest_checkpoint(tmp_path) / "critic" / "trainer_state.json").read_text())["step"] == 4
+
+
+def test_colocated_generators_sleep_before_every_step_and_never_generate_asleep(tmp_path):
+    run = FakeRun(tmp_path, rows=ROWS, max_steps=4, max_staleness=0, colocated=True, sleep_level=2)
+    loop = asyncio.run(run.run())
+    assert loop.version == 4
+    calls = run.fleet.generators[0].obj.calls
+    assert [c for c in calls if c[0] == "sleep"] == [("sleep", 2)] * 4
+    for i, (kind, _) in enumerate(calls):  # asleep from a sleep to the next load: no request in between
+        if kind == "sleep":
+            after = [k for k, _ in calls[i + 1:]]
+            assert after and after[0] == "load", calls
+    # every request of a step's batch was written by the version the learner held: on-policy
+    assert all(int(k) == 0 for s in map(json.loads, run.run_dir.metrics.read_text().splitlines())
+               if s["kind"] == "step" for k in s["staleness_hist"])
+
+
+def test_separate_generators_never_sleep(tmp_path):
+    run = FakeRun(tmp_path, rows=ROWS, max_steps=3, max_staleness=1)
+    asyncio.run(run.run())
+    assert not [c for c in run.fleet.generators[0].obj.calls if c[0] == "sleep"]
+
+
+def test_colocated_steps_wait_for_every_group_in_flight(tmp_path):
+    # prompt 1's group runs on long after its tokens: separate, a step starts without it;
+    # colocated, no step starts while it is in flight (the learner would share its devices)
+    class Probe:
+        overlaps = 0
+
+        async def on_round(self, loop):
+            if loop._train_task is not None and not loop._train_task.done() and loop.pending:
+                Probe.overlaps += 1
+
+        async def after_step(self, loop):
+            return None
+
+    slow = {"delay_s": lambda idx: 0.3 if idx % 3 == 1 else 0.0}
+    Probe.overlaps = 0
+    step = {"step_delay_s": 0.2}
+    asyncio.run(FakeRun(tmp_path / "sep", rows=ROWS, max_steps=3, max_staleness=1, worker=slow, learner=step, hooks=[Probe()]).run())
+    assert Probe.overlaps > 0
+    Probe.overlaps = 0
+    asyncio.run(FakeRun(tmp_path / "colo", rows=ROWS, max_steps=3, max_staleness=1, worker=slow, learner=step, hooks=[Probe()],
+                        colocated=True).run())
+    assert Probe.overlaps == 0

@@ -1,0 +1,313 @@
+"""Where generation and training run: on devices of their own (``separate``) or taking turns on
+the same devices (``colocated``), and what ``placement.mode = "auto"`` picks.
+
+One decision for the run (:class:`agentrl.engine.controller.Controller`, from the cluster Ray
+reports) and for its dry run (``agentrl check --dry-run``, from this machine or
+``placement.gpus_per_node``), so that the two never disagree.
+
+* **separate**: generators and learner ranks hold their own devices and run at the same time;
+  the learner trains on samples up to ``algo.max_staleness`` versions old. Right when each side
+  has hardware of its own (a GPU node split 4 + 4, a cluster).
+* **colocated**: generator ``i`` and learner rank ``i`` share devices and take turns: the
+  generators write one batch with the weights the learner holds, then the learner trains on it
+  while the generators wait (on a GPU vLLM sleeps: its weights offloaded, its KV cache dropped),
+  then the new version is loaded and the generators wake. The run is on-policy at every step
+  boundary: the staleness bound in force is 0, whatever ``algo.max_staleness`` says. On CPUs
+  the phase that runs gets every core: the learner trains with as many torch threads as the
+  node has cores (split between the learner and the critic ranks), and vLLM's OpenMP threads are
+  bound to all of them.
+* **auto** (the default): colocated when the two sides would share devices (one CPU-only
+  machine; GPUs too few to hold both sides apart); separate otherwise (several nodes without
+  GPUs, or enough GPUs for both sides).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from agentrl.config import Recipe
+from agentrl.errors import ConfigError
+
+__all__ = ["ClusterShape", "MemoryPlan", "PlacementPlan", "apply_placement", "memory_plan", "model_parameters", "plan_placement"]
+
+Mode = Literal["separate", "colocated"]
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    """What the cluster offers: ``cpus`` and ``gpus`` per alive node (Ray's logical resources,
+    or this machine's cores and CUDA devices); ``gpu_memory_gib``: memory of one GPU (None:
+    unknown)."""
+
+    cpus: tuple[float, ...]
+    gpus: tuple[float, ...]
+    gpu_memory_gib: float | None = None
+
+    @property
+    def nodes(self) -> int:
+        return len(self.cpus)
+
+    @property
+    def total_gpus(self) -> float:
+        return sum(self.gpus)
+
+    @classmethod
+    def from_ray_nodes(cls, nodes: list[dict[str, Any]], gpu_memory_gib: float | None = None) -> ClusterShape:
+        """From ``ray.nodes()``: the alive nodes' ``Resources`` (``CPU``, ``GPU``)."""
+        alive = [n for n in nodes if n.get("Alive", n.get("alive", True))]
+        res = [n.get("Resources", {}) for n in alive]
+        return cls(tuple(float(r.get("CPU", 0)) for r in res), tuple(float(r.get("GPU", 0)) for r in res), gpu_memory_gib)
+
+    @classmethod
+    def this_machine(cls, gpus_per_node: int | None = None, gpu_memory_gib: float | None = None) -> ClusterShape:
+        """One node: this machine's usable cores and its CUDA devices (``gpus_per_node`` given:
+        that many GPUs of ``gpu_memory_gib`` each, for planning a GPU machine from this one)."""
+        import os
+
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        gpus = gpus_per_node
+        memory = gpu_memory_gib
+        if gpus is None:
+            gpus, found = _cuda_devices()
+            memory = memory if memory is not None else found
+        return cls((float(cores),), (float(gpus),), memory)
+
+
+def _cuda_devices() -> tuple[int, float | None]:
+    """CUDA devices here and the memory of the first (GiB); (0, None) without CUDA."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return 0, None
+    if not torch.cuda.is_available():
+        return 0, None
+    n = torch.cuda.device_count()
+    return n, torch.cuda.get_device_properties(0).total_memory / 2**30
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """GPU memory of one colocated device, GiB: ``learner`` (the rank's share of parameters,
+    gradients and AdamW states; activations not counted), ``generator`` (vLLM's reservation,
+    ``generator.gpu_memory_utilization`` of the device), ``device`` (what the device has)."""
+
+    parameters: int
+    learner: float
+    generator: float
+    device: float
+
+    @property
+    def peak(self) -> float:
+        """The most both sides hold at once: vLLM awake beside the learner's states (they stay
+        on the GPU), or the learner training while vLLM sleeps (weights offloaded, KV cache
+        dropped: about nothing left)."""
+        return max(self.generator + self.learner, self.learner)
+
+    def fits(self) -> bool:
+        return self.peak <= self.device
+
+    def lines(self) -> list[str]:
+        return [
+            f"model: {self.parameters / 1e9:.2f} B parameters",
+            f"learner rank: {self.learner:.1f} GiB (parameters, gradients, AdamW; activations not counted)",
+            f"vLLM: {self.generator:.1f} GiB (generator.gpu_memory_utilization of {self.device:.0f} GiB), asleep while the learner trains",
+            f"peak: {self.peak:.1f} GiB of {self.device:.0f} GiB" + ("" if self.fits() else "  <- does not fit"),
+        ]
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    """The placement in force.
+
+    ``mode``: ``separate`` or ``colocated``; ``reason``: why, in words (``auto`` says what it
+    saw); ``max_staleness``: the staleness bound in force; ``torch_threads``: the learner's and
+    ``critic_threads`` the critic's torch threads per rank (None: the recipe's); ``cpu_threads_bind``:
+    vLLM-CPU's OpenMP binding (None: the recipe's); ``on_gpu``: the devices are GPUs;
+    ``memory``: the memory plan of one colocated GPU (None on CPU, or when the GPU's size is
+    unknown)."""
+
+    mode: Mode
+    reason: str
+    max_staleness: int
+    on_gpu: bool = False
+    torch_threads: int | None = None
+    critic_threads: int | None = None
+    cpu_threads_bind: str | None = None
+    memory: MemoryPlan | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def colocated(self) -> bool:
+        return self.mode == "colocated"
+
+    def lines(self) -> list[str]:
+        """The plan in words: the run's first lines and the dry run's."""
+        out = [f"placement: {self.mode} ({self.reason})"]
+        if self.colocated:
+            out.append(f"  generation and training take turns; on-policy at each step (max_staleness {self.max_staleness})")
+            if self.torch_threads is not None:
+                out.append(f"  learner: {self.torch_threads} torch thread(s) per rank; vLLM OpenMP threads bound to {self.cpu_threads_bind}")
+            if self.memory is not None:
+                out.extend(f"  {line}" for line in self.memory.lines())
+        out.extend(f"  {n}" for n in self.notes)
+        return out
+
+
+def plan_placement(recipe: Recipe, cluster: ClusterShape) -> PlacementPlan:
+    """The placement of ``recipe`` on ``cluster`` (``placement.mode`` resolved); raises
+    :class:`ConfigError` naming the keys when the recipe cannot be placed that way."""
+    p = recipe.placement
+    g, lc = recipe.generator, recipe.learner
+    gpu = g.num_gpus > 0 or lc.num_gpus > 0
+    mode: Mode
+    if p.mode == "auto":
+        mode, reason = _auto(recipe, cluster, gpu)
+    else:
+        mode, reason = p.mode, "placement.mode"
+    if mode == "separate":
+        return PlacementPlan("separate", reason, recipe.max_staleness, on_gpu=gpu)
+    _check_colocated(recipe, cluster, gpu)
+    notes = []
+    if recipe.mode != "sync" and recipe.algo.max_staleness > 0 and "max_staleness" in recipe.algo.model_fields_set:
+        notes.append(f"algo.max_staleness = {recipe.algo.max_staleness} does not apply: colocated runs train on-policy")
+    if gpu:
+        memory = memory_plan(recipe, cluster.gpu_memory_gib) if cluster.gpu_memory_gib else None
+        if memory is not None and not memory.fits():
+            raise ConfigError(
+                "placement.mode = colocated: one GPU cannot hold both sides: " + "; ".join(memory.lines())
+                + ". Lower generator.gpu_memory_utilization, use [lora], "
+                "add learner ranks (FSDP shards the states), or use more GPUs with placement.mode = \"separate\""
+            )
+        if memory is None:
+            notes.append("GPU memory unknown here: the memory plan is checked when the run starts (or set placement.gpu_memory_gib)")
+        return PlacementPlan("colocated", reason, 0, on_gpu=True, memory=memory, notes=notes)
+    cores = max(1, int(min(cluster.cpus) if cluster.cpus else 1))
+    ranks = lc.num_ranks + (recipe.critic_settings.num_ranks if recipe.algo.advantage == "gae" else 0)
+    threads = max(1, cores // ranks)
+    set_ = lc.model_fields_set
+    learner_threads = lc.torch_threads if "torch_threads" in set_ and lc.torch_threads > 1 else threads
+    critic_threads = recipe.critic_settings.torch_threads if recipe.critic is not None and "torch_threads" in recipe.critic.model_fields_set else threads
+    bind = g.cpu_threads_bind if "cpu_threads_bind" in g.model_fields_set else "all"
+    return PlacementPlan("colocated", reason, 0, torch_threads=learner_threads, critic_threads=critic_threads,
+                         cpu_threads_bind=bind, notes=notes)
+
+
+def _auto(recipe: Recipe, cluster: ClusterShape, gpu: bool) -> tuple[Mode, str]:
+    g, lc = recipe.generator, recipe.learner
+    if g.backend == "http":
+        return "separate", "auto: the generators are vLLM servers elsewhere (generator.backend = \"http\")"
+    if not gpu:
+        if cluster.nodes > 1:
+            return "separate", f"auto: {cluster.nodes} nodes, generation and training can have machines of their own"
+        return "colocated", f"auto: one machine without GPUs ({cluster.cpus[0]:g} cores): both sides would share its cores"
+    need = g.num_generators * g.num_gpus + lc.num_ranks * lc.num_gpus
+    if recipe.algo.advantage == "gae":
+        need += recipe.critic_settings.num_ranks * recipe.critic_settings.num_gpus
+    have = cluster.total_gpus
+    if have >= need:
+        return "separate", f"auto: {have:g} GPUs hold generators and learner apart (they need {need:g})"
+    return "colocated", f"auto: {have:g} GPU(s) cannot hold generators and learner apart (they need {need:g})"
+
+
+def _check_colocated(recipe: Recipe, cluster: ClusterShape, gpu: bool) -> None:
+    g, lc = recipe.generator, recipe.learner
+    if g.backend == "http":
+        raise ConfigError('placement.mode = "colocated" needs vLLM generators of the run (generator.backend = "vllm"); '
+                          'http generators are servers elsewhere: use placement.mode = "separate"')
+    if not gpu:
+        return  # every process shares the cores of its node, and takes its turn with them
+    if g.tensor_parallel_size != 1:
+        raise ConfigError(f"placement.mode = \"colocated\" on GPUs places generator i on learner rank i's GPU: "
+                          f"generator.tensor_parallel_size must be 1 (got {g.tensor_parallel_size})")
+    if g.num_generators != lc.num_ranks:
+        raise ConfigError(f"placement.mode = \"colocated\" on GPUs pairs generator i with learner rank i on one GPU: "
+                          f"generator.num_generators ({g.num_generators}) must equal learner.num_ranks ({lc.num_ranks})")
+    if g.num_gpus > 1 or lc.num_gpus > 1:
+        raise ConfigError(f"placement.mode = \"colocated\": generator.num_gpus ({g.num_gpus:g}) and learner.num_gpus "
+                          f"({lc.num_gpus:g}) must be at most 1 (each pair shares one GPU)")
+    if cluster.gpus and cluster.total_gpus < lc.num_ranks:
+        raise ConfigError(f"placement.mode = \"colocated\": learner.num_ranks = {lc.num_ranks} needs {lc.num_ranks} GPUs "
+                          f"(one per generator/rank pair); the cluster has {cluster.total_gpus:g}")
+    if g.weight_sync == "nccl":
+        raise ConfigError('placement.mode = "colocated": generator.weight_sync = "nccl" would broadcast from a GPU to itself; '
+                          'use "disk" (the learner writes the version, vLLM wakes and loads it)')
+
+
+def model_parameters(config: dict[str, Any]) -> int:
+    """The parameter count of a decoder-only transformer from its Hugging Face ``config.json``
+    (embeddings, attention with grouped KV heads, a gated MLP, norms; exact for Llama/Qwen2-style
+    models up to biases)."""
+    h = int(config["hidden_size"])
+    layers = int(config["num_hidden_layers"])
+    vocab = int(config["vocab_size"])
+    inter = int(config.get("intermediate_size", 4 * h))
+    heads = int(config.get("num_attention_heads", 1))
+    head_dim = int(config.get("head_dim") or h // heads)
+    kv = int(config.get("num_key_value_heads", heads))
+    attn = h * heads * head_dim * 2 + h * kv * head_dim * 2
+    mlp = 3 * h * inter
+    embed = vocab * h * (1 if config.get("tie_word_embeddings", False) else 2)
+    return embed + layers * (attn + mlp + 2 * h) + h
+
+
+def _read_config(model: str) -> dict[str, Any] | None:
+    path = Path(model).expanduser() / "config.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    try:  # a hub id: the config from the local cache only (never a download here)
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(model, "config.json")
+    except Exception:
+        return None
+    return json.loads(Path(cached).read_text()) if isinstance(cached, str) else None
+
+
+KNOWN_SIZES = {"qwen/qwen2.5-0.5b-instruct": 494_032_768, "qwen/qwen2.5-1.5b-instruct": 1_543_714_304,
+               "qwen/qwen2.5-3b-instruct": 3_085_938_688, "qwen/qwen2.5-7b-instruct": 7_615_616_512}
+"""Parameter counts of common hub models (from their model cards), for planning a GPU run on a
+machine that has not downloaded them."""
+
+
+def memory_plan(recipe: Recipe, gpu_memory_gib: float) -> MemoryPlan | None:
+    """GPU memory of one colocated device for ``recipe`` (None when the model's size is unknown
+    here: no local config and not a known hub id). Full fine-tuning: float32 master weights,
+    gradients and two AdamW moments, 16 bytes a parameter, sharded over ``learner.num_ranks``;
+    LoRA: the frozen base in ``model.dtype`` plus a small adapter."""
+    config = _read_config(recipe.model.path)
+    if config is not None:
+        n = model_parameters(config)
+    else:
+        n = KNOWN_SIZES.get(recipe.model.path.lower())
+        if n is None:
+            return None
+    ranks = recipe.learner.num_ranks
+    if recipe.lora is not None:
+        base = 2 if recipe.model.dtype in ("bfloat16", "float16", "auto") else 4
+        learner = n * base / ranks + 0.02 * n * 16 / ranks
+    else:
+        learner = n * 16 / ranks
+    return MemoryPlan(
+        parameters=n, learner=learner / 2**30, generator=recipe.generator.gpu_memory_utilization * gpu_memory_gib,
+        device=gpu_memory_gib,
+    )
+
+
+
+def apply_placement(recipe: Recipe, plan: PlacementPlan) -> Recipe:
+    """``recipe`` with ``placement.mode`` resolved to ``plan.mode`` and, colocated on CPUs, the
+    threads the plan gives each phase (the learner's, the critic's and the SFT stage's torch
+    threads, vLLM's OpenMP binding). What the run then reads is what it does."""
+    update: dict[str, Any] = {"placement": recipe.placement.model_copy(update={"mode": plan.mode})}
+    if plan.colocated and plan.torch_threads is not None:
+        update["learner"] = recipe.learner.model_copy(update={"torch_threads": plan.torch_threads})
+        if "torch_threads" not in recipe.sft.model_fields_set:
+            update["sft"] = recipe.sft.model_copy(update={"torch_threads": plan.torch_threads})
+        if recipe.algo.advantage == "gae" and plan.critic_threads is not None:
+            update["critic"] = recipe.critic_settings.model_copy(update={"torch_threads": plan.critic_threads})
+        if plan.cpu_threads_bind is not None:
+            update["generator"] = recipe.generator.model_copy(update={"cpu_threads_bind": plan.cpu_threads_bind})
+    return recipe.model_copy(update=update)

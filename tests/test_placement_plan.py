@@ -1,0 +1,166 @@
+"""``[placement]``: what ``auto`` picks on which cluster, what colocated changes in the run, the
+memory plan of a colocated GPU, and the placements that cannot work (ConfigError naming keys)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentrl.config import load_recipe
+from agentrl.engine import wiring
+from agentrl.errors import ConfigError
+from agentrl.placement_plan import ClusterShape, apply_placement, memory_plan, model_parameters, plan_placement
+
+MINIMAL = '[model]\npath = "some/model"\n[algo]\nmax_staleness = 2\n'
+GPU = MINIMAL + "[generator]\nnum_gpus = 1\n[learner]\nnum_gpus = 1\n"
+
+LAPTOP = ClusterShape(cpus=(8.0,), gpus=(0.0,))
+TWO_CPU_NODES = ClusterShape(cpus=(8.0, 8.0), gpus=(0.0, 0.0))
+
+
+def recipe(tmp_path, *overrides: str, text: str = MINIMAL):
+    p = tmp_path / "r.toml"
+    p.write_text(text)
+    return load_recipe(p, list(overrides))
+
+
+def test_auto_is_colocated_on_one_machine_without_gpus(tmp_path):
+    r = recipe(tmp_path)
+    plan = plan_placement(r, LAPTOP)
+    assert plan.mode == "colocated" and "one machine without GPUs" in plan.reason
+    assert plan.max_staleness == 0 and plan.torch_threads == 8 and plan.cpu_threads_bind == "all"
+    assert any("max_staleness = 2 does not apply" in n for n in plan.notes)
+
+
+def test_auto_is_separate_on_a_two_node_cluster(tmp_path):
+    plan = plan_placement(recipe(tmp_path), TWO_CPU_NODES)
+    assert plan.mode == "separate" and "2 nodes" in plan.reason and plan.max_staleness == 2
+
+
+def test_auto_on_gpus_depends_on_whether_both_sides_fit_apart(tmp_path):
+    r = recipe(tmp_path, text=GPU)
+    one = plan_placement(r, ClusterShape(cpus=(16.0,), gpus=(1.0,)))
+    assert one.mode == "colocated" and one.on_gpu and "cannot hold" in one.reason
+    two = plan_placement(r, ClusterShape(cpus=(16.0,), gpus=(2.0,)))
+    assert two.mode == "separate" and "hold generators and learner apart" in two.reason
+
+
+def test_auto_with_http_generators_is_separate(tmp_path):
+    r = recipe(tmp_path, 'generator.backend="http"', 'generator.urls=["http://x:8000"]')
+    assert plan_placement(r, LAPTOP).mode == "separate"
+
+
+def test_an_explicit_mode_wins_over_what_auto_would_pick(tmp_path):
+    assert plan_placement(recipe(tmp_path, 'placement.mode="separate"'), LAPTOP).mode == "separate"
+    assert plan_placement(recipe(tmp_path, 'placement.mode="colocated"'), TWO_CPU_NODES).mode == "colocated"
+
+
+def test_colocated_recipe_is_on_policy_and_gives_each_phase_every_core(tmp_path):
+    r = recipe(tmp_path, "rollout.group_size=4", "learner.batch_size=8")
+    assert r.max_staleness == 2
+    placed = apply_placement(r, plan_placement(r, LAPTOP))
+    assert placed.placement.mode == "colocated" and placed.max_staleness == 0
+    assert placed.learner.torch_threads == 8 and placed.sft.torch_threads == 8
+    assert placed.generator.cpu_threads_bind == "all"
+    settings = wiring.loop_settings(placed)
+    assert settings.colocated and settings.sleep_level == 0  # CPUs: nothing to free
+    assert wiring.queue_kwargs(placed)["max_staleness"] == 0
+    assert wiring.learner_kwargs(placed, model="m", tokenizer=None, run_dir=tmp_path)["torch_threads"] == 8
+
+
+def test_what_the_recipe_sets_itself_is_kept_colocated(tmp_path):
+    r = recipe(tmp_path, "learner.torch_threads=3", 'generator.cpu_threads_bind="0-1"', "sft.torch_threads=5")
+    placed = apply_placement(r, plan_placement(r, LAPTOP))
+    assert placed.learner.torch_threads == 3 and placed.generator.cpu_threads_bind == "0-1" and placed.sft.torch_threads == 5
+
+
+def test_colocated_cores_are_split_between_learner_and_critic_ranks(tmp_path):
+    r = recipe(tmp_path, 'algo.advantage="gae"', "learner.num_ranks=2")
+    plan = plan_placement(r, LAPTOP)
+    assert plan.torch_threads == 8 // 3 and plan.critic_threads == 8 // 3
+    placed = apply_placement(r, plan)
+    assert placed.critic_settings.torch_threads == 2
+
+
+def test_separate_changes_nothing(tmp_path):
+    r = recipe(tmp_path)
+    placed = apply_placement(r, plan_placement(r, TWO_CPU_NODES))
+    assert placed.placement.mode == "separate" and placed.max_staleness == 2 and placed.learner.torch_threads == 1
+    assert not wiring.loop_settings(placed).colocated
+
+
+def test_colocated_on_gpus_sleeps_the_generators(tmp_path):
+    r = recipe(tmp_path, text=GPU)
+    placed = apply_placement(r, plan_placement(r, ClusterShape(cpus=(16.0,), gpus=(1.0,))))
+    assert wiring.loop_settings(placed).sleep_level == 2 and wiring.engine_settings(placed, model="m", tokenizer=None).sleep_mode
+    lora = recipe(tmp_path, "lora.rank=8", text=GPU)
+    placed = apply_placement(lora, plan_placement(lora, ClusterShape(cpus=(16.0,), gpus=(1.0,))))
+    assert wiring.loop_settings(placed).sleep_level == 1  # the base weights stay
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        (['generator.backend="http"', 'generator.urls=["http://x:8000"]'], "generator.backend"),
+        (["generator.num_generators=2"], "generator.num_generators (2) must equal learner.num_ranks (1)"),
+        (["generator.num_gpus=2", "generator.tensor_parallel_size=2"], "tensor_parallel_size must be 1"),
+        (['generator.weight_sync="nccl"'], 'weight_sync = "nccl"'),
+        (["learner.num_ranks=2", "generator.num_generators=2"], "needs 2 GPUs"),
+    ],
+)
+def test_impossible_colocated_placements_are_config_errors_naming_the_keys(tmp_path, overrides, words):
+    r = recipe(tmp_path, 'placement.mode="colocated"', *overrides, text=GPU)
+    with pytest.raises(ConfigError, match="placement.mode") as err:
+        plan_placement(r, ClusterShape(cpus=(16.0,), gpus=(1.0,)))
+    assert words in str(err.value)
+
+
+def test_model_parameters_counts_a_qwen2_config():
+    # Qwen2.5-0.5B-Instruct's config.json: 494,032,768 parameters on its model card
+    cfg = {"hidden_size": 896, "num_hidden_layers": 24, "vocab_size": 151936, "intermediate_size": 4864,
+           "num_attention_heads": 14, "num_key_value_heads": 2, "tie_word_embeddings": True}
+    n = model_parameters(cfg)
+    assert abs(n - 494_032_768) / 494_032_768 < 0.01  # biases of q/k/v are left out
+
+
+def test_memory_plan_refuses_a_7b_full_finetune_on_one_80gb_gpu(tmp_path):
+    r = recipe(tmp_path, 'model.path="Qwen/Qwen2.5-7B-Instruct"', 'placement.mode="colocated"', text=GPU)
+    with pytest.raises(ConfigError, match=r"does not fit") as err:
+        plan_placement(r, ClusterShape(cpus=(16.0,), gpus=(1.0,), gpu_memory_gib=80.0))
+    assert "learner rank: 113.5 GiB" in str(err.value) and "generator.gpu_memory_utilization" in str(err.value)
+
+
+def test_memory_plan_of_a_local_model_fits_and_is_printed(tmp_path):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"hidden_size": 1536, "num_hidden_layers": 28, "vocab_size": 151936,
+                                                    "intermediate_size": 8960, "num_attention_heads": 12,
+                                                    "num_key_value_heads": 2, "tie_word_embeddings": True}))
+    r = recipe(tmp_path, f'model.path="{folder}"', "generator.gpu_memory_utilization=0.3", text=GPU)
+    plan = plan_placement(r, ClusterShape(cpus=(16.0,), gpus=(1.0,), gpu_memory_gib=80.0))
+    assert plan.memory is not None and plan.memory.fits()
+    assert 1.4e9 < plan.memory.parameters < 1.6e9 and plan.memory.generator == pytest.approx(24.0)
+    assert any("peak:" in line and "of 80 GiB" in line for line in plan.lines())
+    assert memory_plan(r, 80.0) == plan.memory
+
+
+def test_dry_run_prints_the_placement(tmp_path):
+    from agentrl.dryrun import _placement
+
+    status, detail = _placement(recipe(tmp_path, text=GPU))
+    assert status == "elsewhere" and "placement.gpus_per_node" in detail
+    status, detail = _placement(recipe(tmp_path, "placement.gpus_per_node=1", "placement.gpu_memory_gib=80", text=GPU))
+    assert status == "ok" and detail.startswith("colocated (auto: 1 GPU(s)")
+
+
+def test_cluster_shape_from_ray_nodes_counts_alive_nodes_only():
+    nodes = [{"Alive": True, "Resources": {"CPU": 4.0, "GPU": 2.0}}, {"Alive": False, "Resources": {"CPU": 4.0}},
+             {"Alive": True, "Resources": {"CPU": 2.0}}]
+    shape = ClusterShape.from_ray_nodes(nodes)
+    assert shape.nodes == 2 and shape.total_gpus == 2.0 and shape.cpus == (4.0, 2.0)
+
+
+def test_retool_math_1gpu_recipe_plans_colocated_on_one_80gb_gpu():
+    r = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "retool_math_1gpu.toml")
+    plan = plan_placement(r, ClusterShape(cpus=(16.0,), gpus=(1.0,), gpu_memory_gib=80.0))
+    assert plan.mode == "colocated" and plan.memory is not None and plan.memory.fits()
