@@ -291,6 +291,10 @@ class RolloutConfig(_Section):
     """Stop strings that end a turn (kept in the output), e.g. the end of a tool call."""
     num_cpus: float = Field(0.5, gt=0)
     """Ray CPUs reserved per rollout worker."""
+    max_restarts: int = Field(2, ge=0)
+    """Times a run replaces a rollout worker whose process died (killed, out of memory, crashed)
+    with a new one of the same settings; its groups in flight are re-issued. 0: a dead worker
+    ends the run."""
     cpu_affinity: list[NonNegativeInt] | None = Field(None, min_length=1)
     """Pin each rollout worker to these CPU cores (Linux CPU affinity: every thread of the actor's process,
     inherited by the processes it starts: its sandboxes); None: not pinned. Gives generation and

@@ -68,7 +68,7 @@ from agentrl.sandbox._process import Capture, Raw, to_result
 from agentrl.sandbox._tree import frame
 from agentrl.sandbox.base import ExecResult
 
-__all__ = ["DockerSandbox", "DockerSession", "IMAGE_REPOSITORY", "ensure_image", "image_tag"]
+__all__ = ["DockerSandbox", "DockerSession", "IMAGE_REPOSITORY", "ensure_image", "image_tag", "remove_containers_of"]
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +186,24 @@ class _Container:
 
     id: str
     healthy: bool = True
+
+
+def remove_containers_of(pid: int) -> int:
+    """Remove every sandbox container that process ``pid`` created (by the :data:`LABEL` on
+    them), e.g. after that process died without closing its sandbox; how many were removed.
+    Returns 0 when the engine cannot be reached (then there is nothing this can do)."""
+    try:
+        client = _docker_client(timeout_s=30.0)
+    except SandboxUnavailable:
+        return 0
+    removed = 0
+    for container in client.containers.list(all=True, filters={"label": f"{LABEL}={pid}"}):
+        try:
+            container.remove(force=True)
+            removed += 1
+        except Exception as exc:  # already gone
+            log.debug("docker sandbox: removing %s: %s", container.id[:12], exc)
+    return removed
 
 
 class _NotStarted(SandboxError):

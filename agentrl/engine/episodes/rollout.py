@@ -245,6 +245,13 @@ class RolloutWorker:
         """True once the worker is constructed (the controller's start-up check)."""
         return True
 
+    def process_id(self) -> int:
+        """This worker's process id (the controller's start-up check; what a replacement tears
+        down after the process died: e.g. the Docker sandbox containers it labelled)."""
+        import os
+
+        return os.getpid()
+
     def set_generators(self, generators: list[Any]) -> None:
         """Replace the generator handles (after a restart); groups in flight keep theirs."""
         if len(generators) != len(self.generators):

@@ -101,9 +101,12 @@ class PromptLedger:
         return idx % self.num_rows
 
     # ------------------------------------------------------------------ outcomes
-    def finish(self, key: Hashable, group: list[Trajectory], error: str = "") -> Outcome:
+    def finish(self, key: Hashable, group: list[Trajectory], error: str = "", worker_died: bool = False) -> Outcome:
         """Account for the group issued under ``key``: ``group`` holds its episodes ([] when the
-        call failed, with ``error`` saying why). Raises InfraError when groups keep being lost."""
+        call failed, with ``error`` saying why). Raises InfraError when groups keep being lost.
+        ``worker_died``: the group was lost with its rollout worker, which was replaced
+        (:mod:`agentrl.engine.loop.rollout_failover`): re-issued as usual, but not counted
+        towards ``max_lost_in_a_row`` (one process died; the rollout is not broken)."""
         idx, gid = self.in_flight.pop(key)
         failed = [t for t in group if not t.trainable]
         agent_failed = sum(t.status == AGENT_FAILURE for t in failed)
@@ -117,7 +120,7 @@ class PromptLedger:
             error = failed[0].info.get("error", "") or failed[0].status
         what = "in the agent program" if group and agent_failed == len(group) else "on infrastructure"
         self.last_error = f"group {gid} failed {what} ({error[:200]})"
-        self.lost_in_a_row += 1
+        self.lost_in_a_row += 0 if worker_died else 1
         if self.lost_in_a_row > self.max_lost_in_a_row:
             raise InfraError(f"rollout keeps failing ({self.lost_in_a_row} groups lost in a row); last: {error[:300]}")
         self.attempts[idx] += 1
