@@ -246,6 +246,8 @@ class RLLoop:
             group, error = [], f"{type(exc).__name__}: {exc}"
             if self.rollout_failover is not None and worker is not None:  # a dead worker is replaced
                 worker_died = await self.rollout_failover.group_lost(worker, exc)
+                if worker_died:  # said once, by the replacement's event; one short line per group here
+                    error = "its rollout worker died"
         failed = [t for t in group if not t.trainable]
         if not group or any("GeneratorError" in t.info.get("error", "") for t in failed):
             await self.fleet.heal(self.version)

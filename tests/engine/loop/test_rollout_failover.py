@@ -35,7 +35,9 @@ def test_a_dead_rollout_worker_is_replaced_and_its_groups_reissued(tmp_path):
     dead, new = kill.killed[0].obj, run.fleet.workers[0].obj
     assert new is not dead
     # every group the dead worker had in flight was lost with it and issued again, as a new group
-    lost = {m.split()[1] for m in (e["message"] for e in events(run)) if m.startswith("group ") and m.endswith("re-issued")}
+    lost_lines = [m for m in (e["message"] for e in events(run)) if m.startswith("group ") and m.endswith("re-issued")]
+    assert all(m.endswith("failed on infrastructure (its rollout worker died); re-issued") for m in lost_lines), lost_lines
+    lost = {m.split()[1] for m in lost_lines}
     assert len(lost) > 8  # more than max_lost_in_a_row: these losses do not count as a broken rollout
     retried = {g.split("-")[0] for g in new.groups if "-" in g}
     assert {g.split("-")[0] for g in lost} <= retried | {f"p{i}" for i in loop.ledger.untrained(loop.queue)}
