@@ -6,7 +6,7 @@ Reads ``RUN_DIR/metrics.jsonl`` and writes into ``RUN_DIR/report/``:
   held-out accuracy per evaluation (with tool-call rate), the staleness of trained samples
   (stacked: how many versions behind the learner), generation and training tokens/s;
 - ``summary.md``: the numbers behind it (evaluation before/after, steps, duration, throughput,
-  stale drops, infra failures);
+  stale drops, infra failures; under refill, groups sampled, with a signal, set aside);
 - ``index.html``: one self-contained page with interactive curves, the evaluation table and a
   trajectory browser whose tokens are coloured by the weight version that wrote them
   (:mod:`agentrl.report_html`).
@@ -108,6 +108,13 @@ def write_report(run_dir: str | Path) -> Path:
             f"- generation {last.get('gen_tokens_per_s', 0):.0f} tok/s (cumulative), "
             f"samples dropped as stale {int(last.get('dropped_stale', 0))}, infra failures {int(last.get('infra_failures', 0))}",
         ]
+        if any(r.get("set_aside_solved") or r.get("set_aside_failed") for r in steps):  # refill
+            sampled, signal = sum(r.get("groups_sampled", 0) for r in steps), sum(r.get("groups_with_signal", 0) for r in steps)
+            lines.append(
+                f"- dynamic sampling: {sampled} groups sampled, {signal} with a learning signal trained; set aside "
+                f"{sum(r.get('set_aside_solved', 0) for r in steps)} solved, {sum(r.get('set_aside_failed', 0) for r in steps)} "
+                f"failed; refill factor {sum(r.get('refill_factor', 1.0) for r in steps) / len(steps):.2f} on average (groups sampled / the batch's groups)"
+            )
     if evals:
         lines += ["", "| eval | version | accuracy | tool-call rate | turns | episodes |", "| --- | --- | --- | --- | --- | --- |"]
         for i, r in enumerate(evals):

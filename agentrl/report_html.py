@@ -2,7 +2,9 @@
 
 - **Training curves**: Plotly figures built here with ``plotly.graph_objects`` and drawn by
   Plotly's own bundle, inlined in the page (no network, no chart code of ours). The curves are
-  reward and held-out accuracy, throughput, the staleness of trained samples, loss and grad norm.
+  reward and held-out accuracy, throughput, the staleness of trained samples, loss and grad norm,
+  and (for runs that log them) dynamic sampling: groups sampled per step, those with a learning
+  signal, those set aside as solved or failed, the refill factor.
 - **Evaluation table**: every evaluation record.
 - **Trajectory browser**: the episodes of ``samples.jsonl`` (training) and ``eval_samples.jsonl``.
   Each episode is shown turn by turn (system, user, assistant, tool), with tool calls
@@ -141,6 +143,15 @@ def _figures(steps: list[dict[str, Any]], evals: list[dict[str, Any]]) -> list[d
     figs.append(go.Figure([line("loss", "loss"), line("grad_norm", "grad norm", yaxis="y2")],
                           {**layout, "title": "loss, grad norm", "xaxis": {"title": "step"},
                            "yaxis2": {"overlaying": "y", "side": "right"}}))
+    if any("groups_sampled" in s for s in steps):  # dynamic sampling (algo.dynamic_sampling)
+        figs.append(go.Figure(
+            [go.Bar(x=x, y=[s.get(k, 0) for s in steps], name=name) for k, name in
+             (("set_aside_solved", "set aside: solved"), ("set_aside_failed", "set aside: failed"))]
+            + [line("groups_sampled", "groups sampled"), line("groups_with_signal", "groups with signal"),
+               line("refill_factor", "refill factor (sampled / batch groups)", yaxis="y2", line={"dash": "dot"})],
+            {**layout, "barmode": "stack", "title": "dynamic sampling (groups per step)", "xaxis": {"title": "step"},
+             "yaxis": {"title": "groups"}, "yaxis2": {"overlaying": "y", "side": "right", "title": "refill factor"}},
+        ))
     return [json.loads(f.to_json()) for f in figs]
 
 

@@ -41,7 +41,10 @@ def fake_run(root: Path, episodes: int) -> Path:
     for s in range(1, 11):
         records.append({"kind": "step", "time": float(s), "step": s, "version": s, "reward_mean": 0.4 + s / 40, "gen_tokens_per_s": 500.0,
                         "train_tokens_per_s": 1500.0, "staleness_hist": {"0": 8, "1": 24}, "loss": -0.1, "grad_norm": 0.3,
-                        "dropped_stale": 0, "infra_failures": 0})
+                        "dropped_stale": 0, "infra_failures": 0,
+                        # dynamic sampling under refill: 8 groups a batch, some set aside each step
+                        "groups_sampled": 8 + s % 3 + 1, "groups_with_signal": 8, "set_aside_solved": s % 3, "set_aside_failed": 1,
+                        "refill_factor": (8 + s % 3 + 1) / 8})
     records.append({"kind": "event", "time": 11.0, "message": "step 3 is degenerate: every one of the 8 groups had equal rewards", "warning": True})
     records.append({"kind": "eval", "time": 12.0, "version": 10, "accuracy": 0.7, "reward_mean": 0.7, "tool_call_rate": 0.9,
                     "turns_mean": 1.9, "episodes": 128.0, "infra_failures": 0.0, "agent_failures": 0.0})
@@ -76,10 +79,11 @@ def test_the_page_renders_curves_and_coloured_trajectories_in_chromium(tmp_path)
         browser.get(page.as_uri())
         figures = browser.execute_script(FIGURES_JS)
         assert [f["title"] for f in figures] == [
-            "reward, accuracy", "throughput (tokens/s)", "staleness (versions behind)", "loss, grad norm"]
+            "reward, accuracy", "throughput (tokens/s)", "staleness (versions behind)", "loss, grad norm",
+            "dynamic sampling (groups per step)"]
         assert all(f["plotly"] and f["svgs"] >= 1 for f in figures), figures  # every figure drew its own SVG
-        # ... with every data trace drawn: 3 curves, 2, 2 stacked bar series (0 and 1 behind), 2
-        assert [len(f["drawn"]) for f in figures] == [3, 2, 2, 2], figures
+        # ... with every data trace drawn: 3 curves, 2, 2 stacked bar series (0 and 1 behind), 2, 2 bar series and 3 curves
+        assert [len(f["drawn"]) for f in figures] == [3, 2, 2, 2, 5], figures
         assert all(n > 0 for f in figures for n in f["drawn"]), figures
         tokens = browser.find_elements("css selector", ".episode .tok")
         assert {t.get_attribute("data-v") for t in tokens} >= {"3", "4"}
@@ -116,3 +120,25 @@ def test_a_samples_file_of_10000_episodes_is_sampled_and_opens(tmp_path):
         errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
     print(f"10,000-episode samples file: page loaded and drawn in {load_s:.2f} s")  # measured in benchmarks/report_page.py
     assert f"{MAX_EPISODES} embedded of 10000" in shown and errors == []
+
+
+def test_dynamic_sampling_is_reported_when_the_run_logged_it(tmp_path):
+    """The summary's dynamic-sampling line and the page's figure (issue 39): present for a run
+    whose steps carry the counts, absent for one whose steps do not."""
+    from agentrl.report_html import _figures
+
+    run = fake_run(tmp_path / "run", 4)
+    out = write_report(run)
+    summary = (out / "summary.md").read_text()
+    # steps 1..10: groups sampled 8 + s % 3 + 1, set aside s % 3 solved and 1 failed
+    assert "- dynamic sampling: 100 groups sampled, 80 with a learning signal trained; set aside 10 solved, 10 failed" in summary
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["kind"] == "step"]
+    fig = _figures(steps, [])[-1]
+    assert fig["layout"]["title"]["text"] == "dynamic sampling (groups per step)"
+    assert [t["name"] for t in fig["data"]] == ["set aside: solved", "set aside: failed", "groups sampled", "groups with signal",
+                                               "refill factor (sampled / batch groups)"]
+    assert fig["data"][2]["y"] == [8 + s % 3 + 1 for s in range(1, 11)]
+    old = [{k: v for k, v in r.items() if k not in ("groups_sampled", "groups_with_signal", "set_aside_solved", "set_aside_failed",
+                                                    "refill_factor")} for r in steps]
+    assert "dynamic sampling" not in json.dumps([f["layout"].get("title") for f in _figures(old, [])])
