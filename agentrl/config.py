@@ -403,9 +403,11 @@ class AlgoConfig(_Section):
     the run early, as a success. ``refill`` needs a group-relative estimator (``grpo``,
     ``dr_grpo``, ``rloo``, ``reinforce_pp_baseline``) and ``rollout.group_size >= 2``."""
     max_sampling_factor: float = Field(3.0, ge=1)
-    """Refill's budget: groups sampled for one learner step, at most this many times the batch's
-    groups (``learner.batch_size / rollout.group_size``). When it runs out the step trains the
-    groups with a signal it has (fewer), or holds the weights when it has none."""
+    """Refill's budget: for each learner step, at most ``(max_sampling_factor - 1)`` times the
+    batch's groups (``learner.batch_size / rollout.group_size``) start in place of groups set
+    aside, beyond what the staleness window admits (a step samples about this many times its
+    groups at most). When it runs out, the step trains the groups with a signal it has (fewer), or
+    holds the weights when it has none. 1: no refill, set-aside groups leave the batch short."""
     solved_reward: float = 1.0
     """Refill: a group set aside whose every episode earned at least this reward is *solved*
     (the others are *failed*)."""
