@@ -157,6 +157,8 @@ class Controller:
         r = self.recipe
         local = ClusterShape.this_machine(gpu_memory_gib=r.placement.gpu_memory_gib)
         shape = ClusterShape.from_ray_nodes(cluster_nodes(), gpu_memory_gib=local.gpu_memory_gib)
+        if shape.nodes == 1 and r.ray.address is None:  # our own local cluster: its real cores, not Ray's logical CPUs
+            shape = ClusterShape(local.cpus, shape.gpus, local.gpu_memory_gib)
         self.placement = plan = plan_placement(r, shape)
         self.recipe = r = apply_placement(r, plan)
         self.run_dir.recipe.write_text(json.dumps(r.model_dump(mode="json"), indent=2))

@@ -331,10 +331,12 @@ class VllmGenerator(GeneratorCounters, Generator):
         generation stall in seconds (with LoRA: the time the engine spent loading the adapter;
         nothing is paused)."""
         t0 = time.monotonic()
+        # asleep (colocated): wake whole first. The scheduler resumes only once everything is
+        # resident again, and the reload below pauses and resumes it (level 2 left the weights'
+        # memory empty: the reload fills it).
+        await self._wake(["weights", "kv_cache"])
         if self.settings.max_lora_rank is not None:
-            await self._wake(["weights", "kv_cache"])
             return await self._add_adapter(version, path, t0)
-        await self._wake(["weights"])  # level 2 dropped them: the reload below fills them
 
         async def swap() -> None:
             await self.engine.pause_generation(mode="keep", clear_cache=self.settings.recompute_kv_on_update)
@@ -347,7 +349,6 @@ class VllmGenerator(GeneratorCounters, Generator):
                 await self.engine.resume_generation()
 
         await self._bounded(swap(), f"weight update to version {version} from {path}")
-        await self._wake(["kv_cache"])
         return self._updated(version, t0)
 
     # ------------------------------------------------------------ colocated: sleep and wake
