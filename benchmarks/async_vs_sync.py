@@ -15,7 +15,14 @@ the speed-up vs sync as the median (and min / max) of the per-repeat ratios
 cancels the drift between repeats, a ratio of medians would not. The default of 5 repeats
 makes each median a real middle run with two on either side (with 2 it is just their mean).
 
-``--split`` gives generation and training CPU cores of their own, the same in every mode: the
+Three arms: ``sync`` and ``async`` run with ``placement.mode = "separate"`` (the learner with
+the recipe's torch threads beside vLLM), ``colocated`` with ``placement.mode = "colocated"``
+(on-policy; generation and training take turns, each with every core: the learner's torch threads
+are the machine's cores, vLLM's workers stop spinning when a batch is done). ``--no-colocated``
+leaves that arm out.
+
+``--split`` gives generation and training CPU cores of their own (not the colocated arm, which
+takes every core by design), the same in every mode: the
 generator actor and vLLM's engine processes on core 0 (``generator.cpu_affinity``, vLLM's
 OpenMP threads bound there too), the learner on core 1 (``learner.cpu_affinity``, one torch
 thread), the rollout worker and its sandboxes with the generator (``rollout.cpu_affinity``), and
@@ -57,7 +64,7 @@ from agentrl.cli import train_command
 REPO = Path(__file__).resolve().parents[1]
 
 Config = tuple[str, int]
-"""A mode and its ``algo.max_staleness``: ``("sync", 0)`` or ``("async", bound)``."""
+"""A mode and its ``algo.max_staleness``: ``("sync", 0)``, ``("colocated", 0)`` or ``("async", bound)``."""
 
 Run = dict[str, float]
 """One ``agentrl train`` run, as :func:`run_once` measures it."""
@@ -84,9 +91,12 @@ def run_once(
     ``gen_busy`` and ``learner_busy`` (fractions 0..1 of the loop from the ``utilisation``
     record)."""
     run_dir = workdir / f"{mode}-{staleness}-{len(list(workdir.iterdir()))}"
+    colocated = mode == "colocated"
+    split = split and not colocated  # colocated gives each phase every core, by design
     cmd = train_command(
         str(recipe), str(run_dir), str(model),
-        f"mode={mode}", f"algo.max_staleness={staleness}", "sft.steps=0", "eval.limit=0", f"learner.max_steps={steps}",
+        f"mode={'sync' if mode == 'sync' else 'async'}", f"placement.mode={'colocated' if colocated else 'separate'}",
+        f"algo.max_staleness={staleness}", "sft.steps=0", "eval.limit=0", f"learner.max_steps={steps}",
         "learner.max_degenerate_steps=0",  # an untrained model: no reward, every step degenerate; throughput is what is measured
         *(SPLIT if split else []), *extra,
     )
@@ -282,6 +292,8 @@ def main() -> None:
     ap.add_argument("--model", help="model folder (default: a fresh untrained tiny model)")
     ap.add_argument("--tiny", metavar="KEY=V,...", help="build the untrained tiny model with this shape, e.g. "
                     "hidden_size=256,num_layers=4,num_heads=4,num_kv_heads=2,intermediate_size=1024 (a heavier learner step: balance)")
+    ap.add_argument("--no-colocated", dest="colocated", action="store_false",
+                    help="leave out the colocated arm (generation and training take turns, each with every core)")
     ap.add_argument("--split", action="store_true", help="generation on core 0, training on core 1 (see the module docstring)")
     ap.add_argument("--write", action="store_true", help="put the command, date, machine and table in benchmarks/RESULTS.md (a block of its own)")
     args = ap.parse_args()
@@ -301,12 +313,12 @@ def main() -> None:
             model = work / "model"
             subprocess.run([sys.executable, "-m", "agentrl.cli", "model", "init", "tiny", str(model)], check=True, cwd=REPO, capture_output=True)
         (work / "runs").mkdir()
-        configs: list[Config] = [("sync", 0), *(("async", s) for s in dict.fromkeys(args.staleness))]
+        configs: list[Config] = [("sync", 0), *([("colocated", 0)] if args.colocated else []), *(("async", s) for s in dict.fromkeys(args.staleness))]
         if args.sweep:
             key, _, values = args.sweep.partition("=")
             if not key or not values:
                 raise SystemExit("--sweep takes KEY=V1,V2,...")
-            configs = configs[:2]
+            configs = [configs[0], configs[-len(dict.fromkeys(args.staleness))]]
             points: dict[str, dict[Config, list[Run]]] = {v: {c: [] for c in configs} for v in values.split(",")}
             for _ in range(args.repeats):  # every value and mode once per repeat, interleaved
                 for value, results in points.items():
