@@ -13,7 +13,8 @@ The rules (:func:`plan_start`):
 - Otherwise (``checkpoint.resume``): an unfinished run with a checkpoint is resumed from its
   newest one. A finished run (``summary.json``), an earlier run that stopped before its first
   checkpoint, or ``checkpoint.resume = false`` with an earlier run: the earlier run is renamed
-  aside and this one starts over.
+  aside and this one starts over (after an earlier run that stopped before its first checkpoint,
+  its finished SFT stage, ``sft/``, is linked in and reused).
 """
 
 from __future__ import annotations
@@ -131,6 +132,13 @@ def plan_start(
     if newest is not None:
         return StartPlan(newest, "")  # the controller says "resuming from ..."
     old = aside("an earlier run is there")
-    why = ("checkpoint.resume = false" if not resume else
-           "the earlier run there stopped before its first checkpoint")
-    return StartPlan(None, f"{root}: {why}, so this run starts over at step 0; the earlier run is kept as {old}")
+    if not resume:
+        return StartPlan(None, f"{root}: checkpoint.resume = false, so this run starts over at step 0; the earlier run is kept as {old}")
+    kept = ""
+    sft = Path(old) / run_dir.sft.name
+    if (sft / "config.json").is_file():  # its finished SFT stage is this recipe's: reused, not trained again
+        root.mkdir(parents=True, exist_ok=True)
+        link_tree(sft, run_dir.sft)
+        kept = f"; its finished SFT stage is reused ({run_dir.sft})"
+    return StartPlan(None, f"{root}: the earlier run there stopped before its first checkpoint, so this run starts over at step 0; "
+                           f"the earlier run is kept as {old}{kept}")

@@ -24,7 +24,7 @@ def _checkpoint(rd: RunDir, version: int) -> Path:
 
 def _run(tmp_path: Path, *versions: int, finished: bool = False) -> RunDir:
     rd = RunDir(tmp_path / "run")
-    rd.root.mkdir()
+    rd.root.mkdir(parents=True)
     rd.metrics.write_text('{"kind": "step", "step": 1}\n')
     for v in versions:
         _checkpoint(rd, v)
@@ -55,6 +55,25 @@ def test_an_earlier_run_without_a_checkpoint_is_set_aside_and_said(tmp_path):
     [old] = _aside(tmp_path)
     assert (old / "metrics.jsonl").is_file() and not rd.root.exists()
     assert "stopped before its first checkpoint" in plan.message and "starts over at step 0" in plan.message and str(old) in plan.message
+
+
+def test_a_finished_sft_stage_of_a_run_without_a_checkpoint_is_reused(tmp_path):
+    rd = _run(tmp_path)
+    rd.sft.mkdir()
+    (rd.sft / "config.json").write_text("{}")
+    plan = plan_start(rd)
+    [old] = _aside(tmp_path)
+    assert (rd.sft / "config.json").read_text() == "{}" and (old / "sft" / "config.json").is_file()
+    assert plan.message.endswith(f"its finished SFT stage is reused ({rd.sft})")
+    assert not (rd.root / "metrics.jsonl").exists()
+    unfinished = _run(tmp_path / "b")
+    unfinished.sft.mkdir()  # no config.json: the stage never finished
+    assert "SFT" not in plan_start(unfinished).message and not unfinished.sft.exists()
+    fresh = _run(tmp_path / "c")
+    fresh.sft.mkdir()
+    (fresh.sft / "config.json").write_text("{}")
+    plan_start(fresh, fresh=True)
+    assert not fresh.sft.exists()  # --fresh starts over entirely
 
 
 def test_a_finished_run_is_set_aside_not_resumed(tmp_path):
