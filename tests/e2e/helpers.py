@@ -175,6 +175,13 @@ def run_then_ctrl_c(cmd: list[str], run_dir: Path, log_path: Path, env: dict[str
                 pass
 
 
+def placements(run_dir: Path) -> list[str]:
+    """The placement each invocation of a run resolved (``separate`` / ``colocated``), in order,
+    from its ``metrics.jsonl`` events."""
+    recs = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [r["placement"] for r in recs if r.get("kind") == "event" and r.get("placement")]
+
+
 def sample_prompt(sample_id: str) -> int:
     """The prompt index of a sample label: ``"p12/3"`` (or a retry's ``"p12-1/3"``) -> 12."""
     return int(sample_id.split("/")[0][1:].split("-")[0])

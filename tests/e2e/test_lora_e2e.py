@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.e2e.helpers import REPO, run_then_ctrl_c, steps, train_cmd
+from tests.e2e.helpers import REPO, placements, run_then_ctrl_c, steps, train_cmd
 
 LORA_RUN = (
     # the task of test_learning_e2e: an answer starting with a digit earns 1, so even the
@@ -63,6 +63,7 @@ def test_lora_run_publishes_adapters_stops_on_ctrl_c_leaving_no_process_resumes_
         assert (v / "adapter_config.json").is_file() and not (v / "model.safetensors").exists()
         assert (v / "adapter_model.safetensors").stat().st_size < (tiny_calc_model / "model.safetensors").stat().st_size / 3
     assert (run_dir / "final" / "model.safetensors").is_file() and (run_dir / "final_adapter" / "adapter_config.json").is_file()
+    assert placements(run_dir) and set(placements(run_dir)) == {"colocated"}  # LoRA in the mode "auto" picks on a CPU
     trained = [json.loads(line) for line in (run_dir / "trained.jsonl").read_text().splitlines()]
     prompts = [p for t in trained for p in t["prompts"]]
     assert len(prompts) == len(set(prompts))

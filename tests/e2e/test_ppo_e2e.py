@@ -20,7 +20,7 @@ from agentrl.cli import train_command
 from agentrl.engine.common.audit import episodes_audit_path, read_audit
 from agentrl.envs.calc import as_int
 from agentrl.envs.parsers import extract_boxed
-from tests.e2e.helpers import REPO
+from tests.e2e.helpers import REPO, placements
 from tests.e2e.test_train_e2e import SMALL_RUN
 
 RECIPE = REPO / "recipes" / "tiny_calc_judge.toml"
@@ -77,6 +77,7 @@ def test_ppo_with_a_critic_and_a_policy_judge_trains_checkpoints_and_resumes(tmp
     assert steps[0].get("policy_held") == 1.0 and steps[0]["trained_tokens"] == 0.0
     assert all("policy_held" not in s and s["trained_tokens"] > 0 for s in steps[1:])
     assert all(s["reward_failures_batch"] == 0 for s in steps)  # the constrained answer always parses
+    assert placements(run_dir) == ["colocated"]  # the critic in the mode "auto" picks on a CPU: it and the learner share the cores
     ckpt = run_dir / "checkpoints" / "step_000002"
     assert json.loads((ckpt / "critic" / "trainer_state.json").read_text())["step"] == 2
 

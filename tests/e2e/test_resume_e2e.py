@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-from tests.e2e.helpers import REPO, check_audit, run_then_kill, steps, train_cmd
+from tests.e2e.helpers import REPO, check_audit, placements, run_then_kill, steps, train_cmd
 
 MAX_STEPS, BATCH, GROUP, STALENESS = 6, 8, 4, 1  # the overrides below; tiny_calc's group size and staleness bound
 
@@ -86,3 +86,6 @@ def test_sigkill_and_resume_loses_no_prompt_with_two_generators_over_gloo(tmp_pa
     assert all(r["dropped_stale"] == 0 for r in records if r["kind"] == "step")
     assert (run_dir / "final" / "model.safetensors").exists()
     check_audit(run_dir, summary, killed_at=killed_at, max_steps=MAX_STEPS, batch=BATCH, group=GROUP, staleness=STALENESS)
+    # both invocations ran colocated ("auto" on this CPU-only machine): the kill and the resume
+    # are proven in the mode a laptop user gets
+    assert placements(run_dir) and set(placements(run_dir)) == {"colocated"}, placements(run_dir)

@@ -1,7 +1,11 @@
-"""``async`` with ``max_staleness = 0`` trains exactly what ``sync`` trains: same seed, same
-parameters (real Ray, vLLM, FSDP2 and bubblewrap; sampling is seeded per episode and turn)."""
+"""Colocated (``placement.mode = "auto"`` on this CPU-only machine: the async machinery with
+generation and training taking turns, each with every core) trains exactly what ``sync`` with
+separate placement trains: same seed, same samples, same parameters (real Ray, vLLM, FSDP2 and
+bubblewrap; sampling is seeded per episode and turn). After every hand-over the learner's
+log-probs of the tokens it trains equal vLLM's."""
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -15,7 +19,7 @@ from tests.e2e.helpers import REPO, train_cmd
 def _train(run_dir: Path, model: Path, mode: str) -> None:
     cmd = train_cmd(
         run_dir, model,
-        f"mode={mode}",
+        *(["mode=sync", "placement.mode=separate"] if mode == "sync" else ["mode=async", "placement.mode=auto"]),
         "algo.max_staleness=0",
         # a short warm-up so that episodes differ in length, and a length penalty so that
         # rewards differ within a group: the RL steps then move the parameters
@@ -43,7 +47,7 @@ def _trained(run_dir: Path) -> list[list[int]]:
 
 @pytest.mark.e2e
 @pytest.mark.vllm
-def test_async_with_zero_staleness_equals_sync(tmp_path, tiny_calc_model):
+def test_colocated_trains_exactly_what_sync_trains(tmp_path, tiny_calc_model):
     runs = {mode: tmp_path / mode for mode in ("sync", "async")}
     for mode, run_dir in runs.items():
         _train(run_dir, tiny_calc_model, mode)
@@ -68,3 +72,12 @@ def test_async_with_zero_staleness_equals_sync(tmp_path, tiny_calc_model):
         assert a["staleness_hist"] == b["staleness_hist"] == {"0": 8}
         assert a["trained_tokens"] == b["trained_tokens"]
         assert abs(a["loss"] - b["loss"]) < 1e-6, (a["loss"], b["loss"])
+        # the hand-over: every trained token was sampled by the weights the learner held, and the
+        # learner's log-prob of it equals vLLM's (float32 both sides)
+        assert b["current_version_tokens"] == b["trained_tokens"] and b["logprob_abs_diff_current"] < 1e-4, b
+    placed = {mode: next(r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r.get("placement"))
+              for mode, run_dir in runs.items()}
+    assert placed["sync"]["placement"] == "separate" and placed["async"]["placement"] == "colocated", placed
+    assert "one machine without GPUs" in placed["async"]["placement_reason"]
+    recipe = json.loads((runs["async"] / "recipe.json").read_text())  # what the run did: every core to each phase
+    assert recipe["placement"]["mode"] == "colocated" and recipe["learner"]["torch_threads"] == len(os.sched_getaffinity(0))
