@@ -220,3 +220,36 @@ def test_current_node_id_is_none_outside_ray(monkeypatch):
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     assert cluster.current_node_id() is None
+
+
+@pytest.mark.ray
+def test_on_a_real_ray_colocated_rank_and_generator_i_share_gpu_i_and_outlive_a_learner_restart(three_node_ray):
+    ray = three_node_ray
+    from ray.util.placement_group import placement_group_table
+
+    from agentrl.engine.training.placement import SharedPlacement
+
+    @ray.remote
+    class Actor:
+        def where(self) -> tuple[str, str]:
+            import os
+
+            return ray.get_runtime_context().get_node_id(), os.environ.get("CUDA_VISIBLE_DEVICES", "")
+
+    p = SharedPlacement(2, 0.5, {}, timeout_s=60).with_learner_cpus(0.25)
+    group = p.group
+    try:
+        assert p.options(0)["num_gpus"] == SharedPlacement.SHARE and p.options(0)["num_cpus"] == 0.25
+        ranks = [Actor.options(**p.options(i)).remote() for i in range(2)]
+        gens = [Actor.options(**p.generator_options(i, 0.25)).remote() for i in range(2)]
+        rank_at = ray.get([a.where.remote() for a in ranks], timeout=60)
+        gen_at = ray.get([a.where.remote() for a in gens], timeout=60)
+        assert rank_at == gen_at  # pair i: the same node and the same (fake) GPU
+        assert all(g for _, g in rank_at) and len(set(rank_at)) == 2  # and the two pairs never share one
+        p.release()  # what a learner restart does: the generators stay in the bundles
+        assert placement_group_table(group)["state"] == "CREATED"
+        for a in [*ranks, *gens]:
+            ray.kill(a)
+    finally:
+        p.close()
+    assert placement_group_table(group)["state"] == "REMOVED"
