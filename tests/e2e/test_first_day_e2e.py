@@ -1,0 +1,72 @@
+"""A user's first day, through the CLI (issue 36): their own environment module beside their
+recipe, run from another directory without PYTHONPATH; the run checkpoints without being asked
+(after step 1); a rerun of the finished run says plainly that it starts a new one and keeps the
+old one aside; ``--resume-from`` goes on from a checkpoint of that old run."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.e2e.helpers import REPO, steps
+from tests.test_user_code import USER_ENV
+
+MAX_STEPS = 3
+
+
+def _events(run_dir):
+    """The event messages of ``run_dir/metrics.jsonl`` (the console wraps lines to its width)."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["message"] for r in records if r["kind"] == "event"]
+
+
+def _train(recipe, cwd, *extra):
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    cmd = [sys.executable, "-m", "agentrl.cli", "train", str(recipe), *extra]
+    return subprocess.run(cmd, cwd=cwd, env={**environ, "RAY_DEDUP_LOGS": "0"}, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.e2e
+@pytest.mark.vllm
+def test_own_module_default_checkpoints_rerun_and_resume_from(tmp_path, tiny_calc_model):
+    proj, elsewhere = tmp_path / "proj", tmp_path / "elsewhere"
+    proj.mkdir()
+    elsewhere.mkdir()
+    (proj / "my_envs.py").write_text(USER_ENV)
+    run_dir = proj / "run"
+    base = (REPO / "recipes" / "tiny_calc.toml").read_text()
+    recipe = proj / "recipe.toml"
+    recipe.write_text(base.replace('path = "runs/models/tiny-calc"', f'path = "{tiny_calc_model}"')
+                      .replace('id = "agentrl/Calc-v0"\nkwargs = { max_turns = 3 }', 'id = "my_envs:EchoEnv"\nkwargs = { bonus = 0.5 }')
+                      .replace('name = "tiny_calc"', f'name = "first_day"\nrun_dir = "{run_dir}"'))
+    assert "my_envs:EchoEnv" in recipe.read_text() and str(run_dir) in recipe.read_text()
+    sets = ["--set", "sft.steps=0", "--set", "eval.limit=0", "--set", "learner.max_degenerate_steps=0",
+            "--set", f"learner.max_steps={MAX_STEPS}", "--set", "learner.batch_size=8", "--set", "rollout.max_new_tokens=16"]
+
+    first = _train(recipe, elsewhere, *sets)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-5000:]
+    assert "kept as" not in first.stderr and not list(proj.glob("run.old-*"))  # a new run directory: nothing set aside
+    assert steps(run_dir) == [1, 2, 3]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # the user's environment ran in the rollout workers: its bonus is in every reward
+    assert all(r["reward_mean"] >= 0.5 for r in records if r["kind"] == "step"), records
+    # checkpointed without a [checkpoint] section: after step 1 (checkpoint.first_step)
+    assert (run_dir / "checkpoints" / "step_000001" / "state.pkl").is_file()
+
+    second = _train(recipe, elsewhere, *sets)
+    assert second.returncode == 0, second.stderr[-5000:]
+    [old] = sorted(proj.glob("run.old-*"))
+    said = f"{run_dir} held a finished run: starting a new run at step 0; the finished one is kept as {old}"
+    assert any(m.startswith(said) for m in _events(run_dir)), _events(run_dir)
+    assert "held a finished run" in " ".join(second.stderr.split())  # said on the console too (wrapped to its width)
+    assert (old / "summary.json").is_file() and steps(run_dir) == [1, 2, 3]
+
+    third = _train(recipe, elsewhere, *sets, "--resume-from", str(old / "checkpoints" / "step_000001"))
+    assert third.returncode == 0, third.stderr[-5000:]
+    messages = _events(run_dir)
+    assert any(m.startswith(f"--resume-from: going on from {old / 'checkpoints' / 'step_000001'} (step 1)") for m in messages), messages
+    assert any(m.startswith("resuming from") for m in messages), messages
+    assert steps(run_dir) == [2, 3]  # steps 2 and 3 trained again from the old run's step 1
+    assert len(sorted(proj.glob("run.old-*"))) == 2  # the second run was set aside, not overwritten
