@@ -23,6 +23,7 @@ from typing import Any
 
 from agentrl.engine.common.interfaces import Generation, Generator
 from agentrl.engine.common.cluster import current_node_id
+from agentrl.engine.common.devices import resolve_device
 from agentrl.engine.generation.vllm_worker import RETIE_METHOD, WORKER_EXTENSION
 from agentrl.errors import GeneratorError, ModelError
 
@@ -230,12 +231,17 @@ class VllmGenerator(GeneratorCounters, Generator):
         """Create the engine (tens of seconds on CPU). Returns facts about it."""
         s = self.settings
         try:
-            import torch
             from vllm import AsyncEngineArgs
             from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise GeneratorError(f"vLLM is not installed ({exc}); run scripts/setup.sh") from exc
-        self._on_gpu = on_gpu = torch.cuda.is_available()
+        device = resolve_device()
+        if device.cuda_visible and not device.on_gpu:
+            # vLLM's CUDA build picks its platform from the GPUs it sees, not from Ray: started
+            # here it would load onto a GPU another actor was given.
+            raise GeneratorError(f"vLLM engine for {s.model!r} has no GPU to run on: {device.reason}; vLLM's CUDA "
+                                 "build cannot run on the CPU of a GPU node: give this engine num_gpus >= 1")
+        self._on_gpu = on_gpu = device.on_gpu
         if not on_gpu:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", s.cpu_threads_bind)
         if s.weight_transfer is not None:

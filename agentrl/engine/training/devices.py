@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
 from typing import Any
+
+from agentrl.engine.common.devices import local_cuda_index, resolve_device
 
 __all__ = ["assigned_cuda_index", "gather_rows", "join_process_group", "local_cuda_index", "process_group_backend"]
 
@@ -20,33 +20,10 @@ def process_group_backend(on_gpu: bool) -> str:
     return "cpu:gloo,cuda:nccl" if on_gpu else "gloo"
 
 
-def local_cuda_index(gpu_ids: Sequence[str | int], visible: str | None) -> int:
-    """The ``torch.cuda`` index of the first GPU Ray assigned to this process.
-
-    ``gpu_ids`` is ``ray.get_gpu_ids()`` (physical ids; empty outside a Ray task). ``visible`` is
-    ``CUDA_VISIBLE_DEVICES``: Ray narrows it to the assigned GPUs by default, and torch numbers
-    the visible devices from 0, so the index is the id's position in that list; when Ray was
-    told not to set it (``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``) all GPUs are visible
-    and the index is the physical id. 0 without an assignment.
-    """
-    if not gpu_ids:
-        return 0
-    first = str(gpu_ids[0])
-    if visible:
-        listed = [d.strip() for d in visible.split(",")]
-        return listed.index(first) if first in listed else 0
-    return int(first)
-
-
 def assigned_cuda_index() -> int:
-    """:func:`local_cuda_index` of this process (Ray's assignment, when running under Ray)."""
-    try:
-        import ray
-
-        gpu_ids = ray.get_gpu_ids() if ray.is_initialized() else []
-    except Exception:  # not a Ray worker
-        gpu_ids = []
-    return local_cuda_index(gpu_ids, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    """The ``torch.cuda`` index this process computes on (0 when it computes on the CPU):
+    :func:`~agentrl.engine.common.devices.resolve_device`'s choice."""
+    return resolve_device().cuda_index
 
 
 def join_process_group(rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float, what: str) -> tuple[str, Any]:
@@ -60,9 +37,10 @@ def join_process_group(rank: int, world_size: int, master_addr: str, master_port
 
     from agentrl.errors import LearnerError
 
-    on_gpu = torch.cuda.is_available()
+    choice = resolve_device()  # a rank Ray gave no GPU (a CPU critic) trains on the CPU
+    on_gpu = choice.on_gpu
     backend = process_group_backend(on_gpu)
-    device = torch.device("cuda", assigned_cuda_index()) if on_gpu else torch.device("cpu")
+    device = torch.device("cuda", choice.cuda_index) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
     try:

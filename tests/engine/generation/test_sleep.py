@@ -37,7 +37,7 @@ class RecordingEngine:
 def generator(sleep_mode: bool, on_gpu: bool) -> tuple[VllmGenerator, RecordingEngine]:
     g = VllmGenerator(EngineSettings(model="unused", sleep_mode=sleep_mode))
     g.engine = RecordingEngine()
-    g._on_gpu = on_gpu  # what start() found (torch.cuda.is_available())
+    g._on_gpu = on_gpu  # what start() found (resolve_device(): Ray's GPUs, else CUDA)
     return g, g.engine
 
 
