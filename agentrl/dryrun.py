@@ -135,6 +135,13 @@ def _resources(recipe: Recipe) -> tuple[str, str]:
         c = recipe.critic_settings
         gpus, cpus = gpus + c.num_ranks * c.num_gpus, cpus + c.num_ranks * c.num_cpus
         critic = f", {c.num_ranks} critic ranks"
+    j, m = recipe.reward.judge, recipe.reward.model
+    if j is not None and j.model != "policy":  # a separate judge model: its own generators
+        gpus, cpus = gpus + j.num_generators * j.num_gpus, cpus + j.num_generators * j.num_cpus
+        critic += f", {j.num_generators} judge generators"
+    if m is not None:
+        gpus, cpus = gpus + m.num_gpus, cpus + m.num_cpus
+        critic += ", 1 reward model"
     return "ok", f"needs {gpus:g} GPUs and {cpus:g} CPUs in the Ray cluster ({g.num_generators} generators, {lr.num_ranks} learner ranks{critic})"
 
 

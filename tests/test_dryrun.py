@@ -46,3 +46,19 @@ def test_the_objective_line_names_the_estimator_and_the_critic(tmp_path):
     _, lines = lines_of({**base, "algo": {"advantage": "gae"}, "critic": {"warmup_steps": 4}})
     assert "gae advantages per token" in lines["objective"] and "first 4 steps train the critic alone" in lines["objective"]
     assert "1 critic ranks" in lines["resources"]
+
+
+def test_the_gpu_count_includes_a_separate_judge_and_the_reward_model(tmp_path):
+    from agentrl.dryrun import _resources
+
+    base = {"model": {"path": str(tmp_path / "to-build"), "build": "tiny"}, "sandbox": {"type": "unsafe-local"},
+            "generator": {"num_gpus": 1, "num_cpus": 2}, "learner": {"num_gpus": 1, "num_cpus": 2}}
+    _, plain = _resources(validate_recipe(base))
+    assert plain.startswith("needs 2 GPUs"), plain
+    rewards = {"judge": {"model": str(tmp_path / "judge"), "num_generators": 2, "num_gpus": 1, "num_cpus": 3},
+               "model": {"path": str(tmp_path / "rm"), "num_gpus": 1, "num_cpus": 1}}
+    _, line = _resources(validate_recipe({**base, "reward": rewards}))
+    assert line.startswith("needs 5 GPUs"), line  # 1 generator + 1 learner rank + 2 judge generators + 1 reward model
+    assert "2 judge generators, 1 reward model" in line
+    _, policy = _resources(validate_recipe({**base, "reward": {"judge": {"model": "policy", "num_gpus": 1}}}))
+    assert policy.startswith("needs 2 GPUs"), policy  # the policy judges itself: no GPUs of its own
