@@ -141,7 +141,7 @@ def _resources(recipe: Recipe) -> tuple[str, str]:
         critic += f", {j.num_generators} judge generators"
     if m is not None:
         gpus, cpus = gpus + m.num_gpus, cpus + m.num_cpus
-        critic += ", 1 reward model"
+        critic += ", 1 reward-model actor"
     return "ok", f"needs {gpus:g} GPUs and {cpus:g} CPUs in the Ray cluster ({g.num_generators} generators, {lr.num_ranks} learner ranks{critic})"
 
 

@@ -59,6 +59,6 @@ def test_the_gpu_count_includes_a_separate_judge_and_the_reward_model(tmp_path):
                "model": {"path": str(tmp_path / "rm"), "num_gpus": 1, "num_cpus": 1}}
     _, line = _resources(validate_recipe({**base, "reward": rewards}))
     assert line.startswith("needs 5 GPUs"), line  # 1 generator + 1 learner rank + 2 judge generators + 1 reward model
-    assert "2 judge generators, 1 reward model" in line
+    assert "2 judge generators, 1 reward-model actor" in line
     _, policy = _resources(validate_recipe({**base, "reward": {"judge": {"model": "policy", "num_gpus": 1}}}))
     assert policy.startswith("needs 2 GPUs"), policy  # the policy judges itself: no GPUs of its own
