@@ -174,6 +174,10 @@ class SandboxConfig(_Section):
         return self
 
 
+GPU_STARTUP_TIMEOUT_S = 1800.0
+"""``generator.startup_timeout_s`` of a GPU generator when the recipe leaves it unset, seconds."""
+
+
 class GeneratorConfig(_Section):
     """The vLLM generators."""
 
@@ -228,7 +232,10 @@ class GeneratorConfig(_Section):
     timeout_s: float = Field(300.0, gt=0)
     """Longest wait for one generation call or a weight update, seconds."""
     startup_timeout_s: float = Field(600.0, gt=0)
-    """Longest wait for an engine to start, seconds."""
+    """Longest wait for an engine to start, seconds. Unset, 600 on CPU and 1800 when ``num_gpus >
+    0``: a first GPU start downloads the weights (15 GB for a 7B model, shared by every engine on
+    the node), loads them, compiles and captures CUDA graphs; a start that fails for being slow
+    costs more than a stuck one waiting 30 minutes."""
     weight_sync: Literal["disk", "nccl", "gloo"] = "disk"
     """How each new weight version reaches the generators. ``disk``: the learner writes a
     safetensors folder, the generators reload it in flight. ``nccl`` (GPUs; learner and
@@ -244,6 +251,19 @@ class GeneratorConfig(_Section):
     weight_sync_timeout_s: float = Field(300.0, gt=0)
     """Longest wait for forming the transfer group and for each collective, seconds."""
 
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gpu_startup_timeout(cls, data: Any) -> Any:
+        """``startup_timeout_s`` left unset on a GPU generator: :data:`GPU_STARTUP_TIMEOUT_S`."""
+        if isinstance(data, dict) and "startup_timeout_s" not in data:
+            try:
+                gpus = float(data.get("num_gpus", 0) or 0)
+            except (TypeError, ValueError):
+                return data  # the field's own validation names the bad num_gpus
+            if gpus > 0:
+                return {**data, "startup_timeout_s": GPU_STARTUP_TIMEOUT_S}
+        return data
 
     @model_validator(mode="after")
     def _check_backend(self) -> GeneratorConfig:

@@ -168,3 +168,16 @@ def test_gae_takes_a_critic_section_and_other_estimators_refuse_it(tmp_path):
         load_recipe(write(tmp_path, MINIMAL + '[algo]\nadvantage = "gae"\ngae_gamma = 1.5\n', "g.toml"))
     with pytest.raises(ConfigError, match="value_clip"):
         load_recipe(write(tmp_path, MINIMAL + '[algo]\nadvantage = "gae"\n[critic]\nvalue_clip = 0\n', "v.toml"))
+
+
+def test_a_gpu_generator_waits_longer_for_its_engine_to_start_unless_told():
+    """A first GPU start downloads, loads, compiles and captures CUDA graphs: 600 s (the CPU
+    default) is too short for a 7B model; an explicit value always wins."""
+    from agentrl.config import GPU_STARTUP_TIMEOUT_S, GeneratorConfig
+
+    assert GeneratorConfig().startup_timeout_s == 600.0
+    assert GeneratorConfig(num_gpus=1).startup_timeout_s == GPU_STARTUP_TIMEOUT_S == 1800.0
+    assert GeneratorConfig(num_gpus=1, startup_timeout_s=120).startup_timeout_s == 120.0
+    assert GeneratorConfig(startup_timeout_s=900).startup_timeout_s == 900.0
+    recipe = load_recipe(Path(__file__).parents[1] / "recipes" / "retool_math.toml")
+    assert recipe.generator.num_gpus > 0 and recipe.generator.startup_timeout_s == GPU_STARTUP_TIMEOUT_S
