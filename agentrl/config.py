@@ -698,7 +698,9 @@ class JudgeConfig(_Section):
     num_cpus: float = Field(1.0, gt=0)
     """Ray CPUs per judge generator (separate model only)."""
     num_gpus: float = Field(0.0, ge=0)
-    """Ray GPUs per judge generator (separate model only)."""
+    """Ray GPUs per judge generator (separate model only): more than 1 (a whole number) makes its
+    engine tensor parallel over them; a share below 1 scales its GPU memory use; 0 is refused
+    beside GPU generators (vLLM's CUDA build cannot serve it on the CPU)."""
 
     @model_validator(mode="after")
     def _check_judge(self) -> "JudgeConfig":
@@ -880,6 +882,14 @@ class Recipe(_Section):
         j = self.reward.judge
         if j is not None and j.output_regex is not None and j.model == "policy" and self.generator.backend == "http":
             raise ValueError('reward.judge.output_regex needs vLLM generators (generator.backend = "vllm") to judge with the policy')
+        if j is not None and j.model != "policy":
+            if j.num_gpus == 0 and self.generator.num_gpus > 0:
+                raise ValueError(f"reward.judge.num_gpus = 0 beside GPU generators: the judge model {j.model!r} would "
+                                 "need vLLM on the CPU of a GPU node, which the CUDA build of vLLM cannot do; give "
+                                 "it reward.judge.num_gpus (1, or a share such as 0.5)")
+            if j.num_gpus > 1 and j.num_gpus != int(j.num_gpus):
+                raise ValueError(f"reward.judge.num_gpus = {j.num_gpus:g}: more than 1 GPU must be a whole number "
+                                 "(the judge's engine is tensor parallel over them)")
         return self
 
     @model_validator(mode="after")

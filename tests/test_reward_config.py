@@ -105,3 +105,38 @@ def test_dry_run_says_how_the_reward_is_made(tmp_path, tiny_calc_model):
     dry_run(r, echo=lines.append)
     (line,) = [x for x in lines if " reward " in x]
     assert line.split()[0] == "error" and "no config.json there" in line
+
+
+def test_a_separate_judge_takes_its_engine_from_its_own_model_and_gpus_not_the_policys(tmp_path):
+    """The policy's engine (4-way tensor parallel, 16k context, 256 sequences, sleep mode) is not
+    the judge's: a 2-GPU judge whose model knows 4,096 positions gets a 2-way engine of 4,096."""
+    import json
+
+    judge = tmp_path / "judge"
+    judge.mkdir()
+    (judge / "config.json").write_text(json.dumps({"model_type": "qwen2", "max_position_embeddings": 4096}))
+    gpu = ("generator.num_gpus=4", "generator.tensor_parallel_size=4", "generator.max_model_len=16384",
+           "generator.max_num_seqs=256", "generator.max_num_batched_tokens=16384", f"reward.judge.model='{judge}'")
+    r = recipe(tmp_path, *gpu, "reward.judge.num_gpus=2")
+    policy = wiring.engine_settings(r, model="policy", tokenizer=None)
+    assert policy.extra["tensor_parallel_size"] == 4 and policy.max_model_len == 16384
+    [spec] = wiring.judge_actors(r, tmp_path)
+    s = spec.args[0]
+    assert spec.options["num_gpus"] == 2
+    assert s.extra == {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}  # no policy batch sizes
+    assert s.max_model_len == 4096 and not s.sleep_mode and s.weight_transfer is None and s.max_lora_rank is None
+    half = wiring.judge_actors(recipe(tmp_path, *gpu, "reward.judge.num_gpus=0.5"), tmp_path)[0].args[0]
+    assert half.extra == {} and half.gpu_memory_utilization == pytest.approx(policy.gpu_memory_utilization * 0.5)
+    # a hub id (no local folder): the policy's context, which vLLM checks against the model at start
+    hub = wiring.judge_actors(recipe(tmp_path, *gpu[:-1], "reward.judge.model='org/judge'", "reward.judge.num_gpus=1"), tmp_path)
+    assert hub[0].args[0].max_model_len == 16384 and hub[0].args[0].extra == {}
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (("generator.num_gpus=1", "reward.judge.model='org/judge'"), "reward.judge.num_gpus = 0 beside GPU generators"),
+    (("generator.num_gpus=1", "reward.judge.model='org/judge'", "reward.judge.num_gpus=1.5"), "must be a whole number"),
+])
+def test_a_judge_engine_that_cannot_run_is_refused_by_the_recipe_check(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        recipe(tmp_path, *overrides)
+    recipe(tmp_path, "reward.judge.model='org/judge'")  # CPU generators: a CPU judge is fine

@@ -393,19 +393,61 @@ def reward_cpus(recipe: Recipe) -> float:
     return (j.num_generators * j.num_cpus if j is not None and j.model != "policy" else 0.0) + (m.num_cpus if m is not None else 0.0)
 
 
-def judge_actors(recipe: Recipe, log_dir: Path) -> list[ActorSpec]:
-    """The generators of a separate judge model (none when the judge is the policy, or there is
-    none): vLLM engines serving ``reward.judge.model`` as version 0 for good (no weight transfer,
-    no adapters), with the generators' engine settings otherwise; output to
-    ``log_dir/judge-<i>.log``."""
+def model_context_length(model: str) -> int | None:
+    """The longest sequence ``model`` was made for (``max_position_embeddings`` of its
+    ``config.json``, or of its ``text_config``) when ``model`` is a local folder; None when it is
+    not, or does not say."""
+    import json
+
+    path = Path(model) / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    for section in (config, config.get("text_config") or {}):
+        n = section.get("max_position_embeddings")
+        if isinstance(n, int) and n > 0:
+            return n
+    return None
+
+
+def judge_engine_settings(recipe: Recipe) -> EngineSettings:
+    """The engine of a separate judge model, from the judge's own model and ``reward.judge.num_gpus``
+    rather than the policy's: tensor parallel over its ``num_gpus`` (when more than 1), a GPU
+    memory share scaled by a fractional ``num_gpus``, ``max_model_len`` no longer than its model's
+    own context (when its folder says), vLLM's default batch sizes, and no weight transfer,
+    adapters or sleep (it serves version 0 for good). The rest (dtype, prefix caching, eager mode,
+    the CPU settings) as the policy's generators."""
     from dataclasses import replace
 
+    j = recipe.reward.judge
+    assert j is not None and j.model != "policy"
+    base = engine_settings(recipe, model=j.model, tokenizer=None)
+    tp = int(j.num_gpus) if j.num_gpus > 1 else 1
+    context = model_context_length(j.model)
+    return replace(
+        base,
+        max_model_len=min(base.max_model_len, context) if context is not None else base.max_model_len,
+        gpu_memory_utilization=base.gpu_memory_utilization * min(1.0, j.num_gpus) if j.num_gpus > 0 else base.gpu_memory_utilization,
+        weight_transfer=None,
+        max_lora_rank=None,
+        sleep_mode=False,
+        extra={"tensor_parallel_size": tp, "distributed_executor_backend": "mp"} if tp > 1 else {},
+    )
+
+
+def judge_actors(recipe: Recipe, log_dir: Path) -> list[ActorSpec]:
+    """The generators of a separate judge model (none when the judge is the policy, or there is
+    none): vLLM engines serving ``reward.judge.model`` as version 0 for good
+    (:func:`judge_engine_settings`); output to ``log_dir/judge-<i>.log``."""
     from agentrl.engine.generation.generator import VllmGenerator
 
     j = recipe.reward.judge
     if j is None or j.model == "policy":
         return []
-    settings = replace(engine_settings(recipe, model=j.model, tokenizer=None), weight_transfer=None, max_lora_rank=None)
+    settings = judge_engine_settings(recipe)
     return [
         ActorSpec(VllmGenerator, {"num_cpus": j.num_cpus, "num_gpus": j.num_gpus, "runtime_env": actor_runtime_env(log_dir, f"judge-{i}")},
                   (settings,), {"timeout_s": j.timeout_s, "version": 0})
