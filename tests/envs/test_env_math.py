@@ -32,7 +32,8 @@ def test_make_math_envs() -> None:
     assert type(make_env("agentrl.envs.math_envs:MathToolEnv", incorrect_reward=-1.0)) is MathToolEnv
     with pytest.raises(EnvError, match="'agentrl/MathTool-v0' cannot be built: max_turns must be >= 1"):
         make_env("agentrl/MathTool-v0", max_turns=0)
-    with pytest.raises(EnvError, match="malformed must be"):
+    # the value is checked against the constructor's annotation before the environment is built
+    with pytest.raises(EnvError, match=r"env\.kwargs\.malformed: got 'explode' \(str\); MathToolEnv expects Literal"):
         make_env("agentrl/MathTool-v0", malformed="explode")
 
 
