@@ -18,7 +18,7 @@ makes each median a real middle run with two on either side (with 2 it is just t
 Three arms: ``sync`` and ``async`` run with ``placement.mode = "separate"`` (the learner with
 the recipe's torch threads beside vLLM), ``colocated`` with ``placement.mode = "colocated"``
 (on-policy; generation and training take turns, each with every core: the learner's torch threads
-are the machine's cores, vLLM's workers stop spinning when a batch is done). ``--no-colocated``
+are the machine's cores). ``--no-colocated``
 leaves that arm out.
 
 ``--split`` gives generation and training CPU cores of their own (not the colocated arm, which

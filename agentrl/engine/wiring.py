@@ -285,12 +285,6 @@ def generator_actor(recipe: Recipe, settings: EngineSettings, version: int, inde
         return ActorSpec(HttpGenerator, {"num_cpus": 0.1, "runtime_env": runtime_env}, (g.urls[index],),
                          {"timeout_s": g.timeout_s, "version": version, "load": load})
     from agentrl.engine.generation.generator import VllmGenerator
-    from agentrl.engine.generation.vllm_idle import SPIN_ENV
-
-    if recipe.placement.mode == "colocated" and g.num_gpus == 0:
-        # the learner trains on these cores right after each batch: vLLM's workers must not
-        # spin on them for a second after their last step (agentrl.engine.generation.vllm_idle)
-        runtime_env["env_vars"][SPIN_ENV] = "0"
     options = {"num_cpus": g.num_cpus, "num_gpus": g.num_gpus, "resources": dict(g.resources) or None, "runtime_env": runtime_env}
     return ActorSpec(VllmGenerator, options, (settings,), {"timeout_s": g.timeout_s, "version": version})
 

@@ -408,9 +408,6 @@ def register() -> None:
 
     if "gloo" not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine("gloo", __name__, "GlooWeightTransferEngine")
-    from agentrl.engine.generation.vllm_idle import apply_spin_setting
-
-    apply_spin_setting()
 
 
 def trainer_connect(
