@@ -292,7 +292,7 @@ class Controller:
 
         lcfg = self.recipe.learner
         return self._rank_group(Learner, "learner", lcfg.num_ranks, lcfg.num_cpus, lcfg.num_gpus, lcfg.resources,
-                                lcfg.cpu_affinity, lcfg.timeout_s)
+                                lcfg.cpu_affinity, lcfg.timeout_s, shared=self._shared_placement())
 
     def _critic_group(self) -> LearnerGroup:
         """PPO's critic ranks: their own torch.distributed group and placement."""
@@ -303,14 +303,14 @@ class Controller:
 
     def _rank_group(
         self, cls: type, name: str, num_ranks: int, num_cpus: float, num_gpus: float, resources: dict[str, float],
-        cpus: list[int] | None, timeout_s: float,
+        cpus: list[int] | None, timeout_s: float, shared: Any = None,
     ) -> LearnerGroup:
-        """A group of ``cls`` ranks (``<name>-<rank>`` logs), reserved together as one placement group."""
+        """A group of ``cls`` ranks (``<name>-<rank>`` logs), reserved together as one placement group
+        (``shared``: the reservation they share with the generators, colocated on GPUs)."""
         from agentrl.engine.training.placement import LearnerPlacement, learner_bundles
 
         logs = self.run_dir.logs
         wait_s = self.recipe.learner.placement_timeout_s
-        shared = self._shared_placement() if cls.__name__ == "Learner" else None
         return LearnerGroup(
             num_ranks=num_ranks,
             factory=lambda rank, kwargs, options: new_actor(
