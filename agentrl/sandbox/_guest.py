@@ -242,6 +242,10 @@ def apply_limits(req, session_hard_as=None):
 STARTED = b'{"event":"started"}'
 """The ``started`` event, encoded once."""
 
+RELEASE = b'{"op":"release"}'
+"""The host's last message on an exec tree's channel after a normal end, just before it closes
+it: it leaves the tree's init alone, so the server may reset and reuse the tree."""
+
 STREAMS_READY = False
 """True in a warm server's forks: the server made ``sys.stdin/stdout/stderr`` on fds 0/1/2 (as
 :func:`install_std_streams` does) after everything that could write to them, so a fork only
@@ -1310,31 +1314,38 @@ def server_main(cfg):
         tree_end, init, kind = entry
         try:
             tree_end.send(b'{"event":"exit","status":%d}' % status)
-            delivered = True
         except OSError:
-            # The host cannot have the report: it closed its end, or the code shut the channel
-            # down (U shares this end's socket). Either way the host kills the tree's init, maybe
-            # only later: a tree reset and reused meanwhile would die under a later execution.
-            delivered = False
-        if delivered and kind == "exec" and os.WIFEXITED(status) and init.uses + 1 < MAX_TREE_USES:
-            releasing[tree_end.fileno()] = (tree_end, init)
+            pass  # the host closed its end already (it had U's own report), or the code shut it down
+        if kind == "exec" and os.WIFEXITED(status) and init.uses + 1 < MAX_TREE_USES:
+            releasing[tree_end.fileno()] = [tree_end, init, False]
             sel.register(tree_end, selectors.EVENT_READ, "release")
         else:
             tree_end.close()
             init.kill()
 
     def released(fd):
-        """The host closed a finished exec tree's channel (it will not kill that init any more):
-        ask the init to reset its tree."""
-        tree_end, init = releasing[fd]
+        """A finished exec tree's channel: note the host's :data:`RELEASE`, discard what else it
+        sent that U never read; at its end, reset the init if the host's last word was
+        :data:`RELEASE` (it will not kill that init any more), else kill it.
+
+        The end alone is not enough: the code can shut the channel down (U shares this end's
+        socket), and a host that never got the exit report kills the init, maybe only later: a
+        tree reset and reused meanwhile would die under a later execution."""
+        entry = releasing[fd]
+        tree_end, init = entry[0], entry[1]
         try:
-            if tree_end.recv(CHUNK + 4096):
-                return  # what the host sent that U never read; the close comes later
+            data = tree_end.recv(CHUNK + 4096)
         except OSError:
-            pass
+            data = b""
+        if data:
+            entry[2] = data == RELEASE
+            return
         sel.unregister(tree_end)
         del releasing[fd]
         tree_end.close()
+        if not entry[2]:
+            init.kill()
+            return
         try:
             init.chan.sock.send(b"reset")
         except OSError:

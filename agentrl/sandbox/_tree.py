@@ -25,6 +25,7 @@ from typing import Any
 
 import anyio
 
+from agentrl.sandbox._guest import RELEASE
 from agentrl.sandbox._limits import Limits
 from agentrl.sandbox._process import (
     DRAIN_GRACE_S,
@@ -89,7 +90,7 @@ class AsyncConn:
         """The next parsable message, or ``None`` at end of stream."""
         while not self.eof:
             try:
-                data, fds, _flags, _addr = socket.recv_fds(self.sock, _MAX_EVENT, 4)
+                data, fds, _flags, _addr = socket.recv_fds(self.sock, _MAX_EVENT, 4, socket.MSG_CMSG_CLOEXEC)
             except BlockingIOError:
                 await anyio.wait_readable(self.sock)
                 continue
@@ -107,6 +108,14 @@ class AsyncConn:
             if isinstance(msg, dict):
                 return msg
         return None
+
+    def release(self) -> None:
+        """Tell the warm server, as the last message before :meth:`close`, that this side
+        leaves the tree's init alone (it may reset and reuse the tree); never blocks."""
+        try:
+            self.sock.send(RELEASE)
+        except OSError:
+            pass  # no release: the server kills the init instead of reusing it
 
     def close(self) -> None:
         try:
@@ -126,8 +135,9 @@ class Tree:
             status read from it.
         reusable: a one-shot tree whose init the warm server resets and reuses after a normal end
             (its ``U`` exited by itself after killing the rest of the tree): then the host leaves
-            the init alone and only closes its channel (:attr:`keep_init`), which tells the server
-            that the host can no longer kill it. Any other end kills the init as usual.
+            the init alone, says so with a last message on the channel
+            (:data:`~agentrl.sandbox._guest.RELEASE`) and closes it (:attr:`keep_init`): the
+            server resets the tree only after both. Any other end kills the init as usual.
     """
 
     def __init__(
@@ -193,6 +203,8 @@ class Tree:
         self.closed = True
         if not self.keep_init:
             self.kill()
+        else:
+            self.conn.release()
         self.conn.close()
         for fd in (self.pidfd, self.code_pidfd):
             if fd is not None:

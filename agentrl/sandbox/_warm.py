@@ -207,7 +207,7 @@ class WarmWorker:
         assert self.ctl is not None
         while True:
             try:
-                data, fds, _flags, _addr = socket.recv_fds(self.ctl, 1 << 16, 4)
+                data, fds, _flags, _addr = socket.recv_fds(self.ctl, 1 << 16, 4, socket.MSG_CMSG_CLOEXEC)
             except BlockingIOError:
                 await anyio.wait_readable(self.ctl)
                 continue
