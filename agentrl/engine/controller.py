@@ -204,6 +204,9 @@ class Controller:
         learner_kwargs = wiring.learner_kwargs(r, model=model, tokenizer=tokenizer, run_dir=self.run_dir.root)
         from agentrl.engine.ready_lines import clocked, critic_line, generators_line, learner_line
 
+        for group in (learners, critic):  # the ranks' node(s) first: the generators may not take them
+            if group is not None:
+                await group.reserve()
         gen_info, (learner_info, learner_s), (critic_info, critic_s) = await asyncio.gather(
             fleet.start(version), clocked(learners.start(learner_kwargs) if learners is not None else asyncio.sleep(0, [])),
             # the critic starts from the RL starting point; a resume then loads its checkpoint

@@ -50,12 +50,21 @@ class LearnerGroup:
     def __bool__(self) -> bool:
         return bool(self.handles)
 
+    async def reserve(self) -> None:
+        """Reserve the ranks' resources now, before anything else asks the cluster for them (the
+        generators), unless they are reserved already; :meth:`start` uses the reservation, and
+        :meth:`stop`/:meth:`kill` free it."""
+        if self.placement is None and self.placement_factory is not None:
+            self.placement = await asyncio.to_thread(self.placement_factory)
+
     async def start(self, kwargs: dict[str, Any], what: str = "learner set-up") -> list[Any]:
         """Create every rank with the learner arguments ``kwargs`` and set them up; the set-up
-        results (rank 0 first). Stops a group already running first."""
-        await self.stop()
-        if self.placement_factory is not None:
-            self.placement = await asyncio.to_thread(self.placement_factory)
+        results (rank 0 first). Stops a group already running first (and frees its reservation);
+        a reservation made by :meth:`reserve` for a group not yet running is used."""
+        if self.handles:
+            await self.stop()
+        await self.reserve()
+        if self.placement is not None:
             address, port = await asyncio.to_thread(self.placement.rendezvous, self.placement_timeout_s)
         else:
             address, port = "127.0.0.1", 0

@@ -2,9 +2,18 @@
 
 The ranks of a learner group must meet at one TCP address (``torch.distributed``'s rendezvous).
 Picking ``127.0.0.1`` and a port on the driver works only while every rank shares the driver's
-machine. Here the ranks are reserved together as a placement group (one bundle per rank,
-``PACK``: as few nodes as possible), and the rendezvous is rank 0's own node address with a port
-free there, found by a task that runs in rank 0's bundle.
+machine. Here the ranks are reserved together as a placement group (one bundle per rank), and
+the rendezvous is rank 0's own node address with a port free there, found by a task that runs in
+rank 0's bundle.
+
+The group is ``STRICT_PACK`` (every rank on one node) whenever one node of the cluster could hold
+all of it, and ``PACK`` (as few nodes as possible) only when none could: a soft ``PACK`` lets Ray
+spread a group that fits on one node over several when that node is busy, and the ranks' every
+collective then crosses the network. A group that the whole cluster could not hold even empty is
+refused at once, in words, instead of waiting out the placement timeout. The controller reserves
+the learner's (and critic's) group before it creates the generators (:meth:`LearnerGroup.reserve
+<agentrl.engine.training.learner_group.LearnerGroup.reserve>`), so that they cannot take the node
+first.
 """
 
 from __future__ import annotations
@@ -13,7 +22,7 @@ from typing import Any
 
 from agentrl.errors import InfraError
 
-__all__ = ["LearnerPlacement", "SharedPlacement", "learner_bundles"]
+__all__ = ["LearnerPlacement", "SharedPlacement", "learner_bundles", "pack_strategy"]
 
 
 def learner_bundles(num_ranks: int, num_cpus: float, num_gpus: float, resources: dict[str, float]) -> list[dict[str, float]]:
@@ -23,6 +32,40 @@ def learner_bundles(num_ranks: int, num_cpus: float, num_gpus: float, resources:
     return [dict(bundle) for _ in range(num_ranks)]
 
 
+def _fits(bundle: dict[str, float], node: dict[str, float]) -> int:
+    """How many copies of ``bundle`` the resources ``node`` hold (a resource a node lacks is 0)."""
+    counts = [int(node.get(k, 0.0) // v + 1e-9) for k, v in bundle.items() if v > 0]
+    return min(counts) if counts else 1 << 30
+
+
+def pack_strategy(bundles: list[dict[str, float]], nodes: list[dict[str, float]]) -> str:
+    """``"STRICT_PACK"`` when one of ``nodes`` (each node's *total* resources) can hold all of
+    ``bundles`` (identical, as :func:`learner_bundles` makes them), else ``"PACK"`` when the nodes
+    together can; raises :class:`InfraError` when even the whole cluster, empty, cannot, naming
+    what one rank needs and what the largest node has. No ``nodes`` known: ``"PACK"``."""
+    if not bundles or not nodes:
+        return "PACK"
+    bundle, n = bundles[0], len(bundles)
+    per_node = [_fits(bundle, node) for node in nodes]
+    if max(per_node) >= n:
+        return "STRICT_PACK"
+    if sum(per_node) >= n:
+        return "PACK"
+    largest = max(nodes, key=lambda node: _fits(bundle, node))
+    has = {k: largest.get(k, 0.0) for k in bundle}
+    raise InfraError(
+        f"the cluster cannot place {n} learner rank(s) of {bundle} each: its {len(nodes)} node(s) hold "
+        f"{sum(per_node)} such rank(s) even when idle (the largest node has {has}); "
+        "lower learner.num_ranks/num_cpus/num_gpus or add nodes"
+    )
+
+
+def _node_resources() -> list[dict[str, float]]:
+    """The total resources of every alive node of the connected Ray cluster."""
+    import ray
+
+    return [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
+
 
 def _endpoint() -> tuple[str, int]:
     from agentrl.engine.generation.weight_transfer import free_endpoint
@@ -31,7 +74,8 @@ def _endpoint() -> tuple[str, int]:
 
 
 class LearnerPlacement:
-    """A reserved placement group for ``len(bundles)`` learner ranks (Ray must be initialised).
+    """A reserved placement group for ``len(bundles)`` learner ranks (Ray must be initialised),
+    on one node whenever one node could hold them (:func:`pack_strategy`; ``strategy`` says which).
 
     ``rendezvous()`` gives rank 0's ``(address, port)``; ``options(rank)`` the Ray actor options
     that put rank ``rank`` in its bundle; ``release()`` frees the reservation (idempotent).
@@ -42,7 +86,8 @@ class LearnerPlacement:
         from ray.util.placement_group import placement_group
 
         self.bundles = bundles
-        self.group = placement_group(bundles, strategy="PACK")
+        self.strategy = pack_strategy(bundles, _node_resources())
+        self.group = placement_group(bundles, strategy=self.strategy)
         try:
             ray.get(self.group.ready(), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:

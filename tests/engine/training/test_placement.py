@@ -1,5 +1,6 @@
-"""Learner placement (:mod:`agentrl.engine.training.placement`): one bundle per rank, one ``PACK``
-placement group, each rank in its own bundle, and the rendezvous on the node of rank 0's bundle.
+"""Learner placement (:mod:`agentrl.engine.training.placement`): one bundle per rank, one placement
+group (``STRICT_PACK`` when one node can hold it, else ``PACK``; refused at once when the cluster
+cannot), each rank in its own bundle, and the rendezvous on the node of rank 0's bundle.
 
 The unit tests run against a fake of the few Ray calls the module makes (a two-node cluster where
 rank 0's bundle is *not* on the driver's node); the ``ray`` tests start a real local Ray that
@@ -16,7 +17,7 @@ import pytest
 
 from agentrl.engine.common import cluster
 from agentrl.engine.training import placement
-from agentrl.engine.training.placement import LearnerPlacement, learner_bundles
+from agentrl.engine.training.placement import LearnerPlacement, learner_bundles, pack_strategy
 from agentrl.errors import InfraError
 
 
@@ -36,8 +37,9 @@ class FakeCluster:
 
     NODES = {"node-a": "10.0.0.1", "node-b": "10.0.0.2"}
 
-    def __init__(self, layout: list[str], ready: bool = True) -> None:
+    def __init__(self, layout: list[str], ready: bool = True, node_resources: dict[str, float] | None = None) -> None:
         self.layout, self.ready = layout, ready
+        self.node_resources = node_resources or {"CPU": 64.0, "GPU": 8.0, "trainer": 8.0}  # each node's total
         self.groups: list[FakeGroup] = []
         self.removed: list[FakeGroup] = []
         self.probes: list[dict[str, Any]] = []
@@ -51,6 +53,8 @@ class FakeCluster:
         monkeypatch.setattr(ray, "get", self.get)
         monkeypatch.setattr(ray, "remote", self.remote)
         monkeypatch.setattr(ray, "is_initialized", lambda: True)
+        monkeypatch.setattr(ray, "nodes", lambda: [
+            {"NodeID": name, "Alive": True, "Resources": dict(self.node_resources)} for name in self.NODES])
 
     def placement_group(self, bundles: list[dict[str, float]], strategy: str) -> FakeGroup:
         group = FakeGroup(bundles, strategy)
@@ -106,7 +110,8 @@ def test_the_ranks_are_reserved_together_packed_and_each_rank_is_put_in_its_own_
     cluster.install(monkeypatch)
     bundles = learner_bundles(3, 2, 1, {"trainer": 1})
     p = LearnerPlacement(bundles, timeout_s=5)
-    assert len(cluster.groups) == 1 and cluster.groups[0].bundles == bundles and cluster.groups[0].strategy == "PACK"
+    assert len(cluster.groups) == 1 and cluster.groups[0].bundles == bundles and cluster.groups[0].strategy == "STRICT_PACK"
+    assert p.strategy == "STRICT_PACK"  # one node of the cluster holds all three ranks
     for rank in range(3):
         opts = p.options(rank)
         assert (opts["num_cpus"], opts["num_gpus"], opts["resources"]) == (2.0, 1.0, {"trainer": 1.0})
@@ -115,6 +120,30 @@ def test_the_ranks_are_reserved_together_packed_and_each_rank_is_put_in_its_own_
     assert bundles[0] == {"CPU": 2.0, "GPU": 1.0, "trainer": 1.0}  # options() did not eat the bundle
     cpu_only = LearnerPlacement(learner_bundles(1, 1, 0, {}), timeout_s=5).options(0)
     assert (cpu_only["num_gpus"], cpu_only["resources"]) == (0.0, None)
+
+
+def test_the_ranks_share_one_node_whenever_one_node_could_hold_them():
+    two_gpus = {"CPU": 8.0, "GPU": 2.0}
+    assert pack_strategy(learner_bundles(2, 1, 1, {}), [two_gpus, two_gpus]) == "STRICT_PACK"
+    # four ranks of one GPU need both nodes: as few as possible, not refused
+    assert pack_strategy(learner_bundles(4, 1, 1, {}), [two_gpus, two_gpus]) == "PACK"
+    # CPUs count too: two ranks of 6 CPUs cannot share an 8-CPU node
+    assert pack_strategy(learner_bundles(2, 6, 0, {}), [two_gpus, two_gpus]) == "PACK"
+    # a custom resource only one node has
+    assert pack_strategy(learner_bundles(2, 1, 0, {"trainer": 1}), [two_gpus, {**two_gpus, "trainer": 2.0}]) == "STRICT_PACK"
+
+
+def test_a_group_the_whole_cluster_cannot_hold_is_refused_at_once_in_words(monkeypatch):
+    two_gpus = {"CPU": 8.0, "GPU": 2.0}
+    with pytest.raises(InfraError, match=r"cannot place 5 learner rank\(s\) of \{'CPU': 1.0, 'GPU': 1.0\} each: its 2 node\(s\) hold 4"):
+        pack_strategy(learner_bundles(5, 1, 1, {}), [two_gpus, two_gpus])
+    with pytest.raises(InfraError, match=r"the largest node has \{'CPU': 8.0, 'GPU': 2.0, 'trainer': 0.0\}"):
+        pack_strategy(learner_bundles(1, 1, 1, {"trainer": 1}), [two_gpus])
+    cluster = FakeCluster(["node-a"], node_resources=two_gpus)
+    cluster.install(monkeypatch)
+    with pytest.raises(InfraError, match="even when idle"):
+        LearnerPlacement(learner_bundles(5, 1, 1, {}), timeout_s=300)
+    assert cluster.groups == []  # nothing was asked of Ray (no 300 s wait)
 
 
 def test_the_rendezvous_is_on_rank_0s_node_not_the_drivers(monkeypatch):
@@ -208,8 +237,8 @@ def test_on_a_real_ray_more_gpus_than_the_cluster_has_is_an_infra_error_and_free
     from ray.util.placement_group import placement_group_table
 
     before = {g for g, t in placement_group_table().items() if t["state"] != "REMOVED"}
-    with pytest.raises(InfraError, match="cannot place 3 learner rank"):
-        LearnerPlacement(learner_bundles(3, 0.1, 2, {}), timeout_s=2)  # 6 GPUs of 4
+    with pytest.raises(InfraError, match="cannot place 3 learner rank.*even when idle"):
+        LearnerPlacement(learner_bundles(3, 0.1, 2, {}), timeout_s=300)  # 6 GPUs of 4: refused at once
     after = {g for g, t in placement_group_table().items() if t["state"] != "REMOVED"}
     assert after == before
     assert ray.available_resources().get("GPU") == 4.0
@@ -253,3 +282,33 @@ def test_on_a_real_ray_colocated_rank_and_generator_i_share_gpu_i_and_outlive_a_
     finally:
         p.close()
     assert placement_group_table(group)["state"] == "REMOVED"
+
+
+@pytest.mark.ray
+def test_on_a_real_ray_a_group_reserved_first_is_strictly_packed_and_generators_take_the_rest(three_node_ray):
+    """Two ranks of one GPU on two nodes of two GPUs: reserved before two one-GPU generators (as the
+    controller does), both ranks land on one node and both generators on the other; the ranks
+    never straddle the nodes as a soft ``PACK`` after the generators allows."""
+    ray = three_node_ray
+    from ray.util.placement_group import placement_group_table
+
+    @ray.remote
+    class Actor:
+        def node(self) -> str:
+            return ray.get_runtime_context().get_node_id()
+
+    p = LearnerPlacement(learner_bundles(2, 0.25, 1, {}), timeout_s=60)
+    group = p.group
+    try:
+        assert p.strategy == "STRICT_PACK"
+        gens = [Actor.options(num_cpus=0.25, num_gpus=1).remote() for _ in range(2)]
+        ranks = [Actor.options(**p.options(r)).remote() for r in range(2)]
+        rank_nodes = ray.get([a.node.remote() for a in ranks], timeout=60)
+        gen_nodes = ray.get([a.node.remote() for a in gens], timeout=60)
+        assert len(set(rank_nodes)) == 1 and set(placement_group_table(group)["bundles_to_node_id"].values()) == set(rank_nodes)
+        assert set(gen_nodes).isdisjoint(rank_nodes) and len(set(gen_nodes)) == 1
+        for a in [*ranks, *gens]:
+            ray.kill(a)
+    finally:
+        p.release()
+
