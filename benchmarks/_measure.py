@@ -162,3 +162,26 @@ def eval_curve(run_dir: str) -> list[dict]:
             eval_s += r.get("eval_s", 0.0)
         out.append({"version": r["version"], "rl_s": at, "accuracy": r["accuracy"], "tool_call_rate": r.get("tool_call_rate", 0.0)})
     return out
+
+
+def agentrl_train(recipe: str, run_dir: "os.PathLike[str] | str", overrides: list[str], timeout_s: float = 3600) -> float:
+    """Run ``agentrl train RECIPE --fresh`` (``run_dir`` and each ``overrides`` item as a
+    ``--set``) from the repository root, its console into ``RUN_DIR.log``; return its wall-clock
+    seconds. Raises ``SystemExit`` naming the log when it fails (``--fresh``: an earlier run in
+    ``run_dir`` is set aside, never resumed)."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    run_dir = Path(run_dir)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [str(root / ".venv/bin/agentrl"), "train", recipe, "--fresh", "--set", f'run_dir="{run_dir}"']
+    for o in overrides:
+        cmd += ["--set", o]
+    t0 = time.monotonic()
+    with open(f"{run_dir}.log", "w") as log:
+        rc = subprocess.run(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, check=False).returncode
+    if rc:
+        raise SystemExit(f"{' '.join(cmd)} failed ({rc}); see {run_dir}.log")
+    return time.monotonic() - t0
+

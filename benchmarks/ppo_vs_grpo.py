@@ -16,30 +16,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _measure import emit, eval_curve, run_header
+from _measure import agentrl_train, emit, eval_curve, run_header
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = {"grpo": "recipes/tiny_calc.toml", "ppo-gae": "recipes/tiny_calc_ppo.toml"}
-
-
-def train(recipe: str, run_dir: Path, overrides: list[str]) -> float:
-    """Run ``agentrl train`` and return its wall-clock seconds; raises on failure (log in run_dir)."""
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [str(ROOT / ".venv/bin/agentrl"), "train", recipe, "--set", f'run_dir="{run_dir}"']
-    for o in overrides:
-        cmd += ["--set", o]
-    t0 = time.monotonic()
-    with open(f"{run_dir}.log", "w") as log:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=3600, check=False).returncode
-    if rc:
-        raise SystemExit(f"{' '.join(cmd)} failed ({rc}); see {run_dir}.log")
-    return time.monotonic() - t0
 
 
 def main() -> None:
@@ -55,13 +40,13 @@ def main() -> None:
     sft = ROOT / args.sft
     if not (sft / "config.json").is_file():
         print(f"no SFT checkpoint at {sft}: running tiny_calc's SFT stage")
-        train(RUNS["grpo"], out / "sft_run", ['mode="sft"'])
+        agentrl_train(RUNS["grpo"], out / "sft_run", ['mode="sft"'])
         sft = out / "sft_run" / "sft"
     common = [f'model.path="{sft}"', "sft.steps=0", f"learner.max_steps={args.steps}", f"eval.every_steps={args.eval_every}"]
     curves, wall = {}, {}
     for name, recipe in RUNS.items():
         print(f"{name}: {recipe}", flush=True)
-        wall[name] = train(recipe, out / name, common)
+        wall[name] = agentrl_train(recipe, out / name, common)
         curves[name] = eval_curve(str(out / name))
     budget = min(max(p["rl_s"] for p in c) for c in curves.values())
     lines = [run_header(started), "",
