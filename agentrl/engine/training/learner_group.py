@@ -3,11 +3,18 @@ together.
 
 A call that finds a rank's process gone raises :class:`~agentrl.errors.LearnerDied` naming the
 rank and how it died; the run decides whether to restart the group (learner failover) or stop.
+
+A call's arguments (a training batch: every rank receives the same list) are serialised once:
+with Ray ranks each argument that is not a plain scalar goes into Ray's object store once, in a
+helper thread, and every rank is handed the reference (Ray resolves a top-level reference to its
+value before the method runs, so the ranks see exactly what they saw before). Passing the batch
+itself would pickle it once per rank, on the driver's event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +22,7 @@ from agentrl.engine.common.cluster import actor_died, kill, shutdown_all
 from agentrl.engine.common.waits import timed
 from agentrl.errors import LearnerDied, LearnerError
 
-__all__ = ["LearnerGroup", "RankFactory"]
+__all__ = ["LearnerGroup", "RankFactory", "shared_arguments"]
 
 _PEER_GRACE_S = 5.0
 """After one rank's call fails, how long the others' outcomes are awaited before reporting."""
@@ -24,6 +31,32 @@ RankFactory = Callable[[int, dict[str, Any], dict[str, Any]], Any]
 """``factory(rank, kwargs, options) -> handle``: starts (does not set up) rank ``rank`` with the
 learner's keyword arguments ``kwargs`` (completed by the group: rank, master address and port)
 and the Ray actor ``options`` that place it ({} without a placement)."""
+
+
+_SCALARS = (str, bytes, int, float, bool, type(None))
+"""Arguments passed as they are: small, and Ray inlines them in the call."""
+
+
+async def shared_arguments(handles: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``args``/``kwargs`` for calling the same method on every handle of ``handles``: with Ray
+    actor handles, each value that is not a scalar replaced by a reference to one copy of it in
+    Ray's object store (serialised once, in a helper thread, not on the event loop); with
+    in-process doubles (or no Ray) unchanged."""
+    ray = sys.modules.get("ray")
+    if ray is None or not handles or not all(isinstance(h, ray.actor.ActorHandle) for h in handles):
+        return args, kwargs
+    big = [i for i, a in enumerate(args) if not isinstance(a, _SCALARS)]
+    big_kw = [k for k, v in kwargs.items() if not isinstance(v, _SCALARS)]
+    if not big and not big_kw:
+        return args, kwargs
+
+    def put() -> tuple[tuple[Any, ...], dict[str, Any]]:
+        new_args = list(args)
+        for i in big:
+            new_args[i] = ray.put(args[i])
+        return tuple(new_args), {**kwargs, **{k: ray.put(kwargs[k]) for k in big_kw}}
+
+    return await asyncio.to_thread(put)
 
 
 class LearnerGroup:
@@ -80,7 +113,9 @@ class LearnerGroup:
         raises LearnerDied; a wait past ``timeout`` (default: the group's) LearnerError."""
         if not self.handles:
             raise LearnerError(f"{what}: the learner is not running")
-        refs = [getattr(h, method).remote(*args, **kwargs) for h in self.handles]
+        handles = self.handles
+        args, kwargs = await shared_arguments(handles, args, kwargs)  # one copy for every rank
+        refs = [getattr(h, method).remote(*args, **kwargs) for h in handles]
         futures = [asyncio.ensure_future(timed(ref, timeout or self.timeout_s, f"{what} (rank {i})", LearnerError)) for i, ref in enumerate(refs)]
         try:
             _, pending = await asyncio.wait(futures, return_when=asyncio.FIRST_EXCEPTION)
