@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import torch
 
 __all__ = [
+    "ABORT_GRACE_S",
     "BACKENDS",
     "GeneratorClient",
     "LocalGeneratorClient",
@@ -36,6 +37,8 @@ __all__ = [
     "rank_offsets",
     "run_bounded",
     "register",
+    "send_wait_s",
+    "send_watchdog_s",
     "trainer_connect",
 ]
 
@@ -71,13 +74,39 @@ def _clean_name(name: str) -> str:
 def model_source(module: torch.nn.Module, wire_dtype: torch.dtype) -> Any:
     """The learner's parameters as a vLLM ``WeightSource``: Hugging Face names, full tensors
     (FSDP shards are gathered with ``full_tensor()``, a collective every learner rank runs in the
-    same order), cast to ``wire_dtype`` (the generators' dtype) on the way out."""
+    same order) in ``wire_dtype`` (the generators' dtype, the recipe's ``model.dtype``). Each
+    rank casts its own shard before the gather: a bfloat16 version moves half the bytes of the
+    float32 master weights through the gather and never holds a float32 full tensor."""
     return _classes()["source"](module, wire_dtype)
 
 
 # ---------------------------------------------------------------------------------------------
 # the inference side, as seen from trainer rank 0
 # ---------------------------------------------------------------------------------------------
+
+
+ABORT_GRACE_S = 5.0
+"""After a bounded call's abort, how long :func:`run_bounded` waits for the call to return."""
+
+SEND_COLLECTIVE_TIMEOUTS = 4
+"""A whole update (one send) is bounded by this many collective timeouts: it may take several
+(one per packed chunk), plus the generators' own calls."""
+
+
+def send_watchdog_s(timeout_s: float) -> float:
+    """The learner's bound on one whole send of a version when each collective and generator
+    call is bounded by ``timeout_s`` (``generator.weight_sync_timeout_s``): past it the learner's
+    watchdog aborts the transfer group and reports the failure."""
+    return SEND_COLLECTIVE_TIMEOUTS * timeout_s
+
+
+def send_wait_s(timeout_s: float) -> float:
+    """How long the controller waits for the learner's send of one version: longer than the
+    learner's own watchdog (:func:`send_watchdog_s`) plus the abort's grace and the call's round
+    trip, so that a stuck send always ends (aborted, reported by the learner) before the
+    controller gives up on it. Waiting less would start the disk fallback's collectives (the
+    gather of the weights) beside a send still blocked in its broadcast."""
+    return send_watchdog_s(timeout_s) + ABORT_GRACE_S + 30.0
 
 
 def run_bounded(fn: Any, timeout_s: float, abort: Any, what: str) -> Any:
@@ -108,7 +137,7 @@ def run_bounded(fn: Any, timeout_s: float, abort: Any, what: str) -> Any:
         try:
             abort()
         finally:
-            thread.join(5.0)  # an abort that worked lets the call return; never wait for it long
+            thread.join(ABORT_GRACE_S)  # an abort that worked lets the call return; never wait for it long
         raise WeightSyncError(f"{what} did not finish within {timeout_s:.0f} s; the transfer group was aborted")
     if "error" in box:
         raise box["error"]
@@ -229,6 +258,11 @@ def _broadcast(group: Any, tensor: torch.Tensor, timeout_s: float) -> None:
     group.broadcast([tensor], opts).wait(timedelta(seconds=timeout_s))
 
 
+def _on_host(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in host memory (a copy when it is on a GPU): what a CPU gloo group can send."""
+    return tensor if tensor.device.type == "cpu" else tensor.to("cpu")
+
+
 CHUNK_BYTES = 256 * 2**20
 """Parameters travel packed: consecutive ones of one dtype, concatenated up to this many bytes
 (one broadcast each instead of one per parameter)."""
@@ -283,7 +317,8 @@ def _classes() -> dict[str, type]:
 
         def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
             for n, p in self.module.named_parameters():
-                yield _clean_name(n), materialize_full_tensor(p.detach()).to(self.wire_dtype).contiguous()
+                # cast the shard, then gather (a DTensor casts shard by shard, no collective)
+                yield _clean_name(n), materialize_full_tensor(p.detach().to(self.wire_dtype)).contiguous()
 
     @dataclass
     class GlooWeightTransferInitInfo(WeightTransferInitInfo):
@@ -374,7 +409,9 @@ def _classes() -> dict[str, type]:
                 return
             pairs = iter(self._checked_iter(source, meta))
             for chunk in _chunks([(m.name, m.dtype, tuple(m.shape)) for m in meta]):
-                flat = torch.cat([next(pairs)[1].reshape(-1) for _ in chunk])
+                # the group is gloo on the CPU (vLLM's workers receive into CPU buffers): a GPU
+                # learner's tensors are packed on its device and copied to host memory here
+                flat = _on_host(torch.cat([next(pairs)[1].reshape(-1) for _ in chunk]))
                 _broadcast(self.model_update_group, flat, self.timeout_s)
             for _ in pairs:  # the source's own end-of-stream check
                 pass

@@ -24,10 +24,12 @@ __all__ = ["WeightPublisher"]
 class WeightPublisher:
     """Publishes learner versions to ``fleet``.
 
-    ``weight_sync``: ``"disk"``, ``"nccl"`` or ``"gloo"``; ``sync_timeout_s``: the longest wait
-    for one broadcast; ``workers_per_generator``: transfer ranks per generator (its tensor
-    parallelism); ``dtype``: the generators' parameter dtype; ``keep_versions``: version folders
-    kept on disk.
+    ``weight_sync``: ``"disk"``, ``"nccl"`` or ``"gloo"``; ``sync_timeout_s``: the bound of each
+    collective and generator call of a transfer (``generator.weight_sync_timeout_s``; the wait
+    for a whole broadcast is :func:`~agentrl.engine.generation.weight_transfer.send_wait_s` of
+    it, longer than the learner's own watchdog); ``workers_per_generator``: transfer ranks per
+    generator (its tensor parallelism); ``dtype``: the generators' parameter dtype;
+    ``keep_versions``: version folders kept on disk.
     """
 
     def __init__(
@@ -85,9 +87,13 @@ class WeightPublisher:
         stalls = await self.fleet.finish_reload()
         self.fleet.reload = None
         if self.transfer_active:
+            from agentrl.engine.generation.weight_transfer import send_wait_s  # torch: only with a collective
+
             try:
+                # the learner's watchdog ends a stuck send first (aborting the group) and reports
+                # it: the disk fallback below never runs its gather beside a send still blocked
                 took = await self.learners.call(
-                    "send_weights", version, what=f"broadcasting version {version}", timeout=self.sync_timeout_s + 30
+                    "send_weights", version, what=f"broadcasting version {version}", timeout=send_wait_s(self.sync_timeout_s)
                 )
                 self.fleet.published_version = version
                 await asyncio.to_thread(self.prune, version)  # folders written for replacements

@@ -30,9 +30,10 @@ def full_state_dict(lm: torch.nn.Module, rank: int, dtype: torch.dtype | None = 
     on rank 0, an empty dict elsewhere. Keys are the Hugging Face model's own; parameters shared
     under two names (tied embeddings) are one tensor under both.
 
-    ``dtype`` casts floating-point tensors as each is gathered, on the device, before it reaches
-    host memory: rank 0 then holds the model once, in ``dtype`` (a bfloat16 version of a 7B
-    model: 15 GB, not 30 GB of float32 and a bfloat16 copy beside it). The tensors are new: they
+    ``dtype`` casts floating-point tensors before they are gathered: each rank casts its own
+    shard on its device, so the gather moves ``dtype`` (a bfloat16 version: half the bytes of the
+    float32 master weights) and rank 0 holds the model once, in ``dtype`` (a bfloat16 version of a
+    7B model: 15 GB, not 30 GB of float32 and a bfloat16 copy beside it). The tensors are new: they
     never alias the live parameters. ``adapter_only``: the LoRA adapter's tensors alone (names as
     :func:`~agentrl.engine.training.lora.adapter_tensors` reads them)."""
     from torch.distributed.tensor import DTensor
@@ -53,13 +54,12 @@ def full_state_dict(lm: torch.nn.Module, rank: int, dtype: torch.dtype | None = 
         if key is not None:
             first_name[key] = name
         local = value.to_local() if isinstance(value, DTensor) else value
+        if dtype is not None and value.is_floating_point():
+            value = value.to(dtype)  # shard by shard (a DTensor casts its local shard), before the gather
         full = value.full_tensor() if isinstance(value, DTensor) else value  # collective for sharded ones
         if rank != 0:
             continue
-        t = full.detach()
-        if dtype is not None and t.is_floating_point():
-            t = t.to(dtype)
-        t = t.cpu()
+        t = full.detach().cpu()
         if t.data_ptr() == local.data_ptr():  # one unsharded rank: nothing was copied yet
             t = t.clone()
         out[name] = t
@@ -117,11 +117,12 @@ class WeightSender:
         """Form the group (collective over the learner ranks) at ``address:port`` with
         ``world_size`` = 1 + the generators' vLLM workers; the parameters of ``lm`` travel in
         ``wire_dtype``."""
-        from agentrl.engine.generation.weight_transfer import GeneratorClient, model_source, trainer_connect
+        from agentrl.engine.generation.weight_transfer import GeneratorClient, model_source, send_watchdog_s, trainer_connect
 
         # a whole update may take several collective timeouts (one per packed chunk), plus the
-        # generators' own calls: the watchdog's bound is generous, but finite
-        self._timeout_s = 4 * timeout_s
+        # generators' own calls: the watchdog's bound is generous, but finite; the controller's
+        # wait for a send (weight_transfer.send_wait_s) is derived from the same setting, longer
+        self._timeout_s = send_watchdog_s(timeout_s)
         self._client = GeneratorClient(generators, timeout_s) if self.rank == 0 else None
         try:
             self._transfer = trainer_connect(
