@@ -104,6 +104,9 @@ def check(recipe: Any, *, dry_run: bool = False, echo: Callable[[str], None] = p
     True when every check passed."""
     r = load(recipe, set=set, **overrides)
     if not dry_run:
+        from agentrl.dryrun import load_reward_functions
+
+        load_reward_functions(r)  # the user's reward functions import (a ConfigError names the key)
         return True
     from agentrl.dryrun import dry_run as run_checks
 

@@ -137,12 +137,19 @@ def _train(args: argparse.Namespace, hooks: Sequence[Any] = ()) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from agentrl.config import load_recipe
+    from agentrl.errors import ConfigError
     from agentrl.user_code import use_user_code
 
     use_user_code(args.recipe)
     recipe = load_recipe(args.recipe, args.overrides)
     what = f"mode={recipe.mode}, model={recipe.model.path}, {'agent=' + recipe.env.agent if recipe.env.agent else 'env=' + recipe.env.id}"
     if not args.dry_run:
+        from agentrl.dryrun import load_reward_functions
+
+        try:
+            load_reward_functions(recipe)  # the user's reward functions import
+        except ConfigError as exc:
+            raise ConfigError(f"{args.recipe}: {exc}") from None
         print(f"{args.recipe}: ok ({what})")
         return 0
     from agentrl.dryrun import dry_run

@@ -39,6 +39,7 @@ __all__ = [
     "CheckpointConfig",
     "WandbConfig",
     "RewardConfig",
+    "RewardFunctionConfig",
     "JudgeConfig",
     "RewardModelConfig",
     "load_recipe",
@@ -751,9 +752,38 @@ class RewardModelConfig(_Section):
     """torch threads of the actor on CPU."""
 
 
+class RewardFunctionConfig(_Section):
+    """One of the user's reward functions (``agentrl/engine/rewards/functions.py``): a Python
+    function of the finished episode taking any of ``completion`` (the model's last turn),
+    ``messages`` (the conversation), ``row`` (the dataset row) and ``env_reward``, returning a
+    float; it may be ``async def``. One that raises, returns no finite number or times out makes
+    the episode an infrastructure failure, kept out of the loss. A plain string in
+    ``reward.functions`` is the ``fn`` of an entry with weight 1."""
+
+    fn: str
+    """``module:function``; the module is found beside the recipe or in the current directory
+    (and is shipped to every Ray worker)."""
+    weight: float = Field(1.0, allow_inf_nan=False)
+    """Weight of the function's value in the episode's reward."""
+    timeout_s: float = Field(60.0, gt=0)
+    """Longest wait for the function's value for one episode, seconds."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, value: Any) -> Any:
+        return {"fn": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _check_fn(self) -> "RewardFunctionConfig":
+        if self.fn.count(":") != 1 or not all(part.strip() for part in self.fn.split(":")):
+            raise ValueError(f"fn {self.fn!r}: expected 'module:function'")
+        return self
+
+
 class RewardConfig(_Section):
     """How an episode's reward is made: ``env_weight * env_reward + judge.weight * judge_score +
-    model.weight * rm_score`` (``agentrl/engine/rewards/scoring.py``). Without a judge and a reward model,
+    model.weight * rm_score + the sum of functions[i].weight * functions[i]``
+    (``agentrl/engine/rewards/scoring.py``). Without a judge, a reward model and reward functions,
     the environment's rule-based reward alone (times ``env_weight``). Evaluation always reports
     the environment's reward alone."""
 
@@ -763,6 +793,9 @@ class RewardConfig(_Section):
     """An LLM judge (absent: none)."""
     model: RewardModelConfig | None = None
     """A reward model (absent: none)."""
+    functions: list[RewardFunctionConfig] = []
+    """The user's reward functions (TRL's ``reward_funcs``): ``[[reward.functions]]`` tables
+    (``fn``, ``weight``, ``timeout_s``), or ``["module:function", ...]`` each with weight 1."""
 
 
 class RayConfig(_Section):

@@ -14,7 +14,18 @@ from pathlib import Path
 from agentrl.config import Recipe
 from agentrl.errors import AgentRLError, ConfigError, DataError, ModelError
 
-__all__ = ["dry_run"]
+__all__ = ["dry_run", "load_reward_functions"]
+
+
+def load_reward_functions(recipe: Recipe) -> list:
+    """The user's reward functions of ``reward.functions``, loaded
+    (:class:`~agentrl.engine.rewards.functions.RewardFunction`); a ConfigError names the key
+    (``reward.functions[i].fn``) of one that does not import, is not callable or asks for an
+    argument it is never given. Needs the user's directories on ``sys.path``
+    (:func:`agentrl.user_code.use_user_code`)."""
+    from agentrl.engine.rewards.functions import RewardFunction, function_specs
+
+    return [RewardFunction(s) for s in function_specs([(f.fn, f.weight, f.timeout_s) for f in recipe.reward.functions])]
 
 
 def _model(recipe: Recipe) -> tuple[str, str]:
@@ -202,6 +213,14 @@ def _reward(recipe: Recipe) -> tuple[str, str]:
         if looks_like_local_path(m.path) and not (Path(m.path) / "config.json").is_file():
             return "error", f"reward model {m.path!r}: no config.json there"
         notes.append(f"reward model: {m.path} (batches of up to {m.max_batch_size})")
+    try:
+        functions = load_reward_functions(recipe)
+    except ConfigError as exc:
+        return "error", str(exc)
+    for f in functions:
+        parts.append(f"{f.spec.weight:g} * {f.spec.metric}")
+    if functions:
+        notes.append("functions: " + ", ".join(f"{f.spec.ref}({', '.join(f.wants)}){' async' if f.is_async else ''}" for f in functions))
     detail = "reward = " + " + ".join(parts)
     return "ok", detail + (f" ({'; '.join(notes)})" if notes else "")
 

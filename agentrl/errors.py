@@ -23,8 +23,9 @@ the boundary of the component that called the library, keeping the original as `
     │   │   └── SandboxUnavailable  the backend is not installed on this machine (says how to fix)
     │   ├── VerifierError           a reward verifier crashed or timed out
     │   ├── GeneratorError          a generator (vLLM engine) failed or timed out
-    │   ├── RewardModelError        an LLM judge or a reward model failed, timed out or gave no
-    │   │                           usable score (the episode is kept out of the loss, never 0)
+    │   ├── RewardModelError        an LLM judge, a reward model or a reward function failed, timed
+    │   │                           out or gave no usable score (the episode is kept out of the
+    │   │                           loss, never 0)
     │   └── LearnerError            a learner rank failed or timed out
     │       └── LearnerDied         a learner rank's process is gone (killed, out of memory, crashed)
     └── TimeoutError_               a wait ran past its deadline (also an InfraError)
@@ -108,8 +109,9 @@ class GeneratorError(InfraError):
 
 
 class RewardModelError(InfraError):
-    """An LLM judge or a reward model failed, did not answer in time, or answered without a
-    score in range. The episode it was scoring is an ``infra_failure`` (kept out of the loss),
+    """An LLM judge, a reward model or the user's reward function failed, did not answer in
+    time, or answered without a usable score (a judge's out of range, a function's not a finite
+    number). The episode it was scoring is an ``infra_failure`` (kept out of the loss),
     never a reward of 0."""
 
 

@@ -128,14 +128,17 @@ def _doc(cls: type[BaseModel]) -> str:
 
 def _table(cls: type[BaseModel], prefix: str, out: list[str], title: str, optional: bool) -> None:
     rows: list[tuple[str, str, str, str]] = []
-    nested: list[tuple[str, FieldInfo, type[BaseModel], bool]] = []
+    nested: list[tuple[str, FieldInfo, type[BaseModel], bool, bool]] = []
     for name, field in cls.model_fields.items():
         key = field.alias or name
         section, opt = _section_of(field.annotation)
         if section is not None:
-            nested.append((key, field, section, opt))
+            nested.append((key, field, section, opt, False))
             continue
         rows.append((key, _type(field.annotation) + _bounds(field), _default(field), field.description or ""))
+        item = typing.get_args(field.annotation)[0] if typing.get_origin(field.annotation) is list else None
+        if isinstance(item, type) and issubclass(item, BaseModel):  # a list of tables: [[section.key]]
+            nested.append((key, field, item, True, True))
     out.append(f"## {title}" + (" *(optional)*" if optional else ""))
     out.append("")
     if cls.__doc__:
@@ -148,8 +151,8 @@ def _table(cls: type[BaseModel], prefix: str, out: list[str], title: str, option
             shown = default if default.startswith("**") else f"`{_cell(default)}`"
             out.append(f"| `{prefix}{key}` | `{_cell(typ)}` | {shown} | {_cell(meaning)} |")
         out.append("")
-    for key, field, section, opt in nested:
-        _table(section, f"{prefix}{key}.", out, f"[{prefix}{key}]", opt)
+    for key, field, section, opt, many in nested:
+        _table(section, f"{prefix}{key}[].", out, f"[[{prefix}{key}]]", opt) if many else _table(section, f"{prefix}{key}.", out, f"[{prefix}{key}]", opt)
 
 
 def render() -> str:

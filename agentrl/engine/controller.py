@@ -84,6 +84,11 @@ class Controller:
         training = r.mode in ("async", "sync")
         if not training and (self.fresh or self.resume_from is not None):
             raise ConfigError(f"--fresh and --resume-from are for training runs (mode async or sync); this recipe's mode is {r.mode!r}")
+        if training:  # the user's reward functions load here first: a bad one is refused before anything starts
+            from agentrl.engine.rewards.functions import RewardFunction
+
+            for spec in wiring.reward_function_specs(r):
+                RewardFunction(spec)
         start = plan_start(rd, fresh=self.fresh, resume_from=self.resume_from, resume=r.checkpoint.resume, model_path=r.model.path) if training else None
         rd.root.mkdir(parents=True, exist_ok=True)
         rd.recipe.write_text(json.dumps(r.model_dump(mode="json"), indent=2))

@@ -71,7 +71,7 @@ class MetricsLogger:
             f"train {fields.get('train_tokens_per_s', 0.0):7.1f} tok/s  "
             f"queue {fields.get('queue_depth', 0):>3}  staleness {{{stale}}}  "
             f"infra {fields.get('infra_failures', 0)}  t={rec['time']:.0f}s"
-            + (f"  (judge/RM could not score {fields['reward_failures_batch']})" if fields.get("reward_failures_batch") else "")
+            + (f"  (rewards not scored: {fields['reward_failures_batch']})" if fields.get("reward_failures_batch") else "")
         )
         return rec
 

@@ -38,6 +38,7 @@ __all__ = [
     "ray_init_kwargs",
     "judge_actors",
     "reward_cpus",
+    "reward_function_specs",
     "reward_kwargs",
     "reward_model_actor",
     "sleep_level",
@@ -357,7 +358,8 @@ def lora_settings(recipe: Recipe) -> LoraSettings:
 
 def reward_kwargs(recipe: Recipe) -> dict[str, Any]:
     """The rollout workers' model-based reward arguments (``[reward]``; none when the reward is the
-    environment's alone): ``reward`` (:class:`~agentrl.engine.rewards.scoring.RewardSettings`), ``judge``
+    environment's alone): ``reward`` (:class:`~agentrl.engine.rewards.scoring.RewardSettings`, with
+    the reward functions of ``reward.functions``), ``judge``
     (:class:`~agentrl.engine.rewards.judge.JudgeSettings`) and ``judge_tokenizer`` (a separate judge
     model's). The actor handles (``judge_generators``, ``reward_model``) are the controller's."""
     from agentrl.engine.rewards.judge import JudgeSettings
@@ -365,11 +367,12 @@ def reward_kwargs(recipe: Recipe) -> dict[str, Any]:
 
     rw = recipe.reward
     j, m = rw.judge, rw.model
-    if j is None and m is None and rw.env_weight == 1.0:
+    if j is None and m is None and not rw.functions and rw.env_weight == 1.0:
         return {}
     out: dict[str, Any] = {"reward": RewardSettings(
         env_weight=rw.env_weight, judge_weight=j.weight if j is not None else 0.0, rm_weight=m.weight if m is not None else 0.0,
         rm_timeout_s=m.timeout_s if m is not None else 60.0, rm_prompt_field=m.prompt_field if m is not None else "question",
+        functions=reward_function_specs(recipe),
     )}
     if j is not None:
         out["judge"] = JudgeSettings(
@@ -379,6 +382,15 @@ def reward_kwargs(recipe: Recipe) -> dict[str, Any]:
         if j.model != "policy":
             out["judge_tokenizer"] = j.model
     return out
+
+
+def reward_function_specs(recipe: Recipe) -> tuple[Any, ...]:
+    """The user's reward functions of ``reward.functions``, as
+    :class:`~agentrl.engine.rewards.functions.RewardFunctionSpec` (recipe order; keys
+    ``reward.functions[i].fn`` for messages)."""
+    from agentrl.engine.rewards.functions import function_specs
+
+    return function_specs([(f.fn, f.weight, f.timeout_s) for f in recipe.reward.functions])
 
 
 def reward_cpus(recipe: Recipe) -> float:

@@ -1,5 +1,6 @@
-"""A user's first day, through the CLI (issue 36): their own environment module beside their
-recipe, run from another directory without PYTHONPATH; the run checkpoints without being asked
+"""A user's first day, through the CLI (issue 36): their own environment module and their own
+reward functions (``[[reward.functions]]``, one async, one plain) beside their recipe, run from
+another directory without PYTHONPATH; the run checkpoints without being asked
 (after step 1); a rerun of the finished run says plainly that it starts a new one and keeps the
 old one aside; ``--resume-from`` goes on from a checkpoint of that old run."""
 
@@ -14,6 +15,18 @@ from tests.e2e.helpers import REPO, steps
 from tests.test_user_code import USER_ENV
 
 MAX_STEPS = 3
+
+USER_REWARDS = '''
+async def tagged(completion, messages, row):
+    """0.25 when the function was given the real episode: the conversation starts with the row's
+    question and ends with the model's turn."""
+    ok = messages[0]["content"] == row["question"] and messages[-1]["role"] == "assistant" and isinstance(completion, str)
+    return 0.25 if ok else -100.0
+
+
+def has_answer(row, env_reward):
+    return 0.125 if "answer" in row and env_reward >= 0.5 else -100.0
+'''
 
 
 def _events(run_dir):
@@ -35,12 +48,14 @@ def test_own_module_default_checkpoints_rerun_and_resume_from(tmp_path, tiny_cal
     proj.mkdir()
     elsewhere.mkdir()
     (proj / "my_envs.py").write_text(USER_ENV)
+    (proj / "my_rewards.py").write_text(USER_REWARDS)
     run_dir = proj / "run"
     base = (REPO / "recipes" / "tiny_calc.toml").read_text()
     recipe = proj / "recipe.toml"
     recipe.write_text(base.replace('path = "runs/models/tiny-calc"', f'path = "{tiny_calc_model}"')
                       .replace('id = "agentrl/Calc-v0"\nkwargs = { max_turns = 3 }', 'id = "my_envs:EchoEnv"\nkwargs = { bonus = 0.5 }')
-                      .replace('name = "tiny_calc"', f'name = "first_day"\nrun_dir = "{run_dir}"'))
+                      .replace('name = "tiny_calc"', f'name = "first_day"\nrun_dir = "{run_dir}"')
+                      + '\n[[reward.functions]]\nfn = "my_rewards:tagged"\n\n[[reward.functions]]\nfn = "my_rewards:has_answer"\nweight = 2\n')
     assert "my_envs:EchoEnv" in recipe.read_text() and str(run_dir) in recipe.read_text()
     sets = ["--set", "sft.steps=0", "--set", "eval.limit=0", "--set", "learner.max_degenerate_steps=0",
             "--set", f"learner.max_steps={MAX_STEPS}", "--set", "learner.batch_size=8", "--set", "rollout.max_new_tokens=16"]
@@ -50,8 +65,11 @@ def test_own_module_default_checkpoints_rerun_and_resume_from(tmp_path, tiny_cal
     assert "kept as" not in first.stderr and not list(proj.glob("run.old-*"))  # a new run directory: nothing set aside
     assert steps(run_dir) == [1, 2, 3]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    # the user's environment ran in the rollout workers: its bonus is in every reward
-    assert all(r["reward_mean"] >= 0.5 for r in records if r["kind"] == "step"), records
+    # the user's environment ran in the rollout workers (its bonus 0.5 is in every reward), and so did
+    # the user's reward functions, given the real episode: 0.25 + 2 * 0.125 more, no episode lost to them
+    step_records = [r for r in records if r["kind"] == "step"]
+    assert all(r["reward_mean"] >= 1.0 and r["reward_failures_batch"] == 0 for r in step_records), step_records
+    assert all(r["fn/tagged_mean"] == 0.25 and r["fn/has_answer_mean"] == 0.125 for r in step_records), step_records
     # checkpointed without a [checkpoint] section: after step 1 (checkpoint.first_step)
     assert (run_dir / "checkpoints" / "step_000001" / "state.pkl").is_file()
 

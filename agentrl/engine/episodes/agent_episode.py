@@ -73,6 +73,7 @@ async def play_agent_episode(
     sandbox: Any = None,
     seed_of: Any = None,
     reference_temperature: float | None = None,
+    keep_messages: bool = False,
 ) -> Trajectory:
     """Play one agent episode; see the module docstring.
 
@@ -80,7 +81,9 @@ async def play_agent_episode(
     are pooled across episodes). ``defaults`` / ``forced``: sampling arguments used where the
     request sets none / that override the request's. ``max_episode_tokens`` bounds one call's
     prompt plus output, ``max_calls`` the calls of the episode, ``timeout_s`` the whole agent.
-    ``seed_of(call, choice)`` seeds calls whose request sets no seed."""
+    ``seed_of(call, choice)`` seeds calls whose request sets no seed. ``keep_messages``: leave
+    the episode's last conversation and the model's reply to it in ``info["messages"]`` (for
+    reward functions that ask for it)."""
     import openai
 
     t0 = time.monotonic()
@@ -130,6 +133,8 @@ async def play_agent_episode(
     if not trajectory.tokens and trajectory.trainable:
         trajectory.status = AGENT_FAILURE
         info.setdefault("error", "the episode has no model reply to train on (the agent made no successful call)")
+    if keep_messages:
+        info["messages"] = session.recorder.last_conversation()
     trajectory.metrics["generated_tokens"] = float(trajectory.num_generated)
     trajectory.metrics["segments"] = float(len(trajectory.segments())) if trajectory.tokens else 0.0
     if sample_index == 0 or not trajectory.trainable:

@@ -257,6 +257,14 @@ class ChatRecorder:
             vers += v
         return tokens, mask, lps, vers, tuple(starts)
 
+    def last_conversation(self) -> list[dict[str, Any]]:
+        """The newest conversation's messages (template form) followed by the model's reply to
+        its last call (its first choice), when it has one; [] before any call."""
+        if not self.segments:
+            return []
+        seg = self.segments[-1]
+        return [dict(m) for m in seg.messages] + ([dict(seg.replies[0].message)] if seg.replies else [])
+
     def text(self) -> str:
         """The episode as the model saw it, segment after segment (for reading)."""
         tokens, _, _, _, starts = self.trajectory_parts()

@@ -59,6 +59,7 @@ async def play_episode(
     max_turns: int = 64,
     single_token_stops: bool = True,
     seed_sampling: bool = True,
+    keep_messages: bool = False,
 ) -> Trajectory:
     """Play one episode and return its trajectory.
 
@@ -70,7 +71,9 @@ async def play_episode(
     them to vLLM's front end alone, for benchmarks that compare the two). The episode ends when the environment
     terminates or truncates it, when the token budget is spent (status ``overflow``) or when the
     infrastructure fails (status ``infra_failure``; what was generated is kept for inspection
-    but never trained).
+    but never trained). ``keep_messages``: leave the conversation in ``info["messages"]`` (the
+    prompt's messages, each model turn as an assistant message, each message the environment
+    answered with), for reward functions that ask for it.
     """
     t0 = time.monotonic()
     if single_token_stops:
@@ -78,6 +81,7 @@ async def play_episode(
     base = env.unwrapped
     messages, _ = base.reset(seed=seed, options={"row": row})
     renderer = IncrementalRenderer(tokenizer, messages)
+    conversation = [dict(m) for m in messages] if keep_messages else None
     tokens = renderer.prompt_ids()
     mask = [0] * len(tokens)
     lps = [0.0] * len(tokens)
@@ -107,8 +111,11 @@ async def play_episode(
             turns += 1
             extend(gen.token_ids, 1, gen.logprobs, gen.versions)
             text = tokenizer.decode(gen.token_ids, skip_special_tokens=False)
-            obs, r, terminated, truncated, step_info = await _env_step(env, renderer.strip_special_suffix(text))
+            action = renderer.strip_special_suffix(text)
+            obs, r, terminated, truncated, step_info = await _env_step(env, action)
             reward += float(r)
+            if conversation is not None:
+                conversation += [{"role": "assistant", "content": action}, *(dict(m) for m in obs or [])]
             tool_calls = int(step_info.get("tool_calls", tool_calls))
             tool_errors = int(step_info.get("tool_errors", tool_errors))
             if step_info.get("infra_failure"):
@@ -134,6 +141,8 @@ async def play_episode(
     if sample_index == 0 or status == "infra_failure":  # one readable episode per group (and failures), for samples.jsonl
         info["text"] = tokenizer.decode(tokens, skip_special_tokens=False)
         info["spans"] = version_spans(tokenizer, tokens, mask, vers)
+    if conversation is not None:
+        info["messages"] = conversation
     return Trajectory(
         tokens=tokens,
         loss_mask=mask,
@@ -238,6 +247,12 @@ class RolloutWorker:
         self.judge_generators = list(judge_generators or [])
         self._judge_next = 0
         self.reward_model = reward_model
+        self.reward_functions: list[Any] = []
+        """The loaded reward functions of ``reward.functions`` (a ConfigError now names one that does not load)."""
+        if reward is not None and reward.functions:
+            from agentrl.engine.rewards.functions import RewardFunction
+
+            self.reward_functions = [RewardFunction(f) for f in reward.functions]
         self._http: Any = None
         self._gateway_lock = asyncio.Lock()
 
@@ -311,7 +326,9 @@ class RolloutWorker:
                 self._judge_next += 1
                 generate = gen.generate.remote if hasattr(gen.generate, "remote") else gen.generate
             judge = LLMJudge(self.judge, self.judge_tokenizer, generate)
-        scorer = EpisodeScorer(self.reward, tokenizer=self.tokenizer, judge=judge, reward_model=self.reward_model)
+        scorer = EpisodeScorer(
+            self.reward, tokenizer=self.tokenizer, judge=judge, reward_model=self.reward_model, functions=self.reward_functions
+        )
         return scorer if scorer.active else None
 
     async def run_group(
@@ -326,6 +343,7 @@ class RolloutWorker:
         gen_index = self.pick_generator()
         generate = self._generate_fn(gen_index)
         scorer = self._scorer(generate) if score else None
+        keep_messages = scorer is not None and scorer.wants_messages
         params = {**self.sampling, **(sampling or {})}
         # reserve the group's expected load at once, so that groups starting together spread out
         reserve = n * self.max_new_tokens
@@ -337,7 +355,9 @@ class RolloutWorker:
         async def one(i: int) -> None:
             async with self.limiter:
                 if self.agent is not None:
-                    results[i] = await self._agent_episode(generate, row, group_id, prompt_index, i, sampling or {})
+                    results[i] = await self._agent_episode(
+                        generate, row, group_id, prompt_index, i, sampling or {}, keep_messages=keep_messages
+                    )
                     if scorer is not None:
                         await scorer.score(results[i], row)
                     if self.audit is not None:
@@ -358,6 +378,7 @@ class RolloutWorker:
                         max_new_tokens=self.max_new_tokens,
                         max_episode_tokens=self.max_episode_tokens,
                         seed_sampling=self.seed_sampling,
+                        keep_messages=keep_messages,
                     )
                 finally:
                     await env.unwrapped.aclose()
@@ -386,7 +407,8 @@ class RolloutWorker:
                 self.gateway = gateway
 
     async def _agent_episode(
-        self, generate: GenerateFn, row: dict[str, Any], group_id: str, prompt_index: int, i: int, forced: dict[str, Any]
+        self, generate: GenerateFn, row: dict[str, Any], group_id: str, prompt_index: int, i: int, forced: dict[str, Any],
+        keep_messages: bool = False,
     ) -> Trajectory:
         from agentrl.engine.episodes.agent_episode import play_agent_episode
 
@@ -397,7 +419,7 @@ class RolloutWorker:
             defaults={k: v for k, v in self.sampling.items() if k in ("temperature", "top_p")}, forced=forced,
             max_new_tokens=self.max_new_tokens, max_episode_tokens=self.max_episode_tokens,
             max_calls=self.agent_max_calls, timeout_s=self.agent_timeout_s, sandbox=self.sandbox,
-            seed_of=seed_of, reference_temperature=self.sampling.get("temperature"),
+            seed_of=seed_of, reference_temperature=self.sampling.get("temperature"), keep_messages=keep_messages,
         )
 
     def _audit(self, t: Trajectory | None) -> None:

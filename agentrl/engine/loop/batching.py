@@ -83,7 +83,7 @@ def batch_samples(batch: list[list[Trajectory]], settings: BatchSettings) -> tup
         "samples": len(flat),
         "infra_failures_batch": sum(t.status != AGENT_FAILURE for t in flat) - len(kept),
         "agent_failures_batch": sum(t.status == AGENT_FAILURE for t in flat),
-        # episodes a judge or reward model could not score (engine.scoring): among the infra failures
+        # episodes a judge, reward model or reward function could not score (engine.rewards.scoring): among the infra failures
         "reward_failures_batch": sum(1 for t in flat if t.info.get("reward_failure")),
         **_reward_part_means(kept),
         "status": dict(Counter(t.status for t in flat)),
@@ -159,9 +159,11 @@ def _samples_of(t: Trajectory, advantage: float, reward: float) -> list[dict[str
 
 def _reward_part_means(kept: list[Trajectory]) -> dict[str, float]:
     """``<part>_mean`` of each reward part the scorer kept (``env_reward``, ``judge_score``,
-    ``rm_score``: :mod:`agentrl.engine.rewards.scoring`) over the episodes that have it; none without one."""
+    ``rm_score``, ``fn/<function>``: :mod:`agentrl.engine.rewards.scoring`) over the episodes that
+    have it; none without one."""
     out = {}
-    for part in ("env_reward", "judge_score", "rm_score"):
+    functions = sorted({k for t in kept for k in t.metrics if k.startswith("fn/")})
+    for part in ("env_reward", "judge_score", "rm_score", *functions):
         values = [t.metrics[part] for t in kept if part in t.metrics]
         if values:
             out[f"{part}_mean"] = sum(values) / len(values)

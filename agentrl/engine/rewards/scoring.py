@@ -1,16 +1,20 @@
 """Model-based rewards beside the environment's: the reward of a finished episode as a weighted sum.
 
     reward = env_weight * env_reward + judge_weight * judge_score + rm_weight * rm_score
+             + sum(weight_i * fn_i)
 
 ``env_reward`` is what the environment's rule-based rewards summed to; ``judge_score`` is an LLM
 judge's score mapped to [0, 1] (:mod:`agentrl.engine.rewards.judge`); ``rm_score`` is a reward model's
-raw output (:mod:`agentrl.engine.rewards.reward_model`). The parts are kept in the trajectory's metrics
-(``env_reward``, ``judge_score``, ``rm_score``), the judge's answer in ``info["judge_answer"]``.
+raw output (:mod:`agentrl.engine.rewards.reward_model`); ``fn_i`` is the value of the user's reward
+function i (:mod:`agentrl.engine.rewards.functions`). The parts are kept in the trajectory's metrics
+(``env_reward``, ``judge_score``, ``rm_score``, ``fn/<function>``), the judge's answer in
+``info["judge_answer"]``. All of an episode's scorers run at once.
 
-Only trainable episodes are scored. A judge or reward model that fails, times out or answers
-without a usable score makes the episode an ``infra_failure`` (kept out of the loss, never a
-reward of 0): ``info["error"]`` says what happened in words and ``info["reward_failure"]`` names
-the scorer (``judge`` or ``reward_model``); the step log counts them (``reward_failures_batch``).
+Only trainable episodes are scored. A judge, reward model or reward function that fails, times
+out or answers without a usable score makes the episode an ``infra_failure`` (kept out of the
+loss, never a reward of 0): ``info["error"]`` says what happened in words and
+``info["reward_failure"]`` names the scorers (``judge``, ``reward_model``, ``fn/<function>``); the
+step log counts them (``reward_failures_batch``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 import anyio
 
 from agentrl.engine.common.episode_text import version_spans
+from agentrl.engine.rewards.functions import RewardFunction, RewardFunctionSpec
 from agentrl.engine.rewards.judge import LLMJudge, judge_fields
 from agentrl.engine.common.trajectory import Trajectory
 from agentrl.errors import RewardModelError
@@ -42,6 +47,8 @@ class RewardSettings:
     """Longest wait for the reward model's score of one episode, seconds."""
     rm_prompt_field: str = "question"
     """The dataset row's field shown to the reward model as the user's message."""
+    functions: tuple[RewardFunctionSpec, ...] = ()
+    """The user's reward functions, each with its weight (:mod:`agentrl.engine.rewards.functions`)."""
 
 
 def reward_model_item(fields: dict[str, str], prompt_field: str) -> list[dict[str, str]]:
@@ -54,19 +61,34 @@ class EpisodeScorer:
     """Adds model-based rewards to finished episodes.
 
     ``judge``: an :class:`LLMJudge` (None: no judge); ``reward_model``: an object or Ray actor
-    handle with ``score(items) -> list[float]`` (None: no reward model); ``tokenizer``: the
-    policy's (decodes the episodes)."""
+    handle with ``score(items) -> list[float]`` (None: no reward model); ``functions``: the
+    loaded reward functions of ``settings.functions`` (None: load them here; a ConfigError names
+    one that does not load); ``tokenizer``: the policy's (decodes the episodes).
 
-    def __init__(self, settings: RewardSettings, *, tokenizer: Any, judge: LLMJudge | None = None, reward_model: Any = None) -> None:
+    An episode's ``info["messages"]`` (the conversation, left there by the rollout when a reward
+    function asks for it) is consumed: :meth:`score` removes it."""
+
+    def __init__(
+        self, settings: RewardSettings, *, tokenizer: Any, judge: LLMJudge | None = None, reward_model: Any = None,
+        functions: list[RewardFunction] | None = None,
+    ) -> None:
         self.settings = settings
         self.tokenizer = tokenizer
         self.judge = judge
         self.reward_model = reward_model
+        self.functions = list(functions) if functions is not None else [RewardFunction(f) for f in settings.functions]
 
     @property
     def active(self) -> bool:
-        """Whether scoring changes anything (a judge, a reward model, or ``env_weight != 1``)."""
-        return self.judge is not None or self.reward_model is not None or self.settings.env_weight != 1.0
+        """Whether scoring changes anything (a judge, a reward model, a reward function, or
+        ``env_weight != 1``)."""
+        return self.judge is not None or self.reward_model is not None or bool(self.functions) or self.settings.env_weight != 1.0
+
+    @property
+    def wants_messages(self) -> bool:
+        """Whether a reward function asks for the episode's ``messages`` (the rollout then keeps
+        them in ``info["messages"]``)."""
+        return any("messages" in f.wants for f in self.functions)
 
     async def _rm_score(self, fields: dict[str, str]) -> float:
         s = self.settings
@@ -89,6 +111,7 @@ class EpisodeScorer:
         """Give ``t`` (in place, and returned) its combined reward, or mark it an
         ``infra_failure`` when a scorer failed. Episodes that are not trainable are left as
         they are."""
+        messages = t.info.pop("messages", None)
         if not self.active or not t.trainable:
             return t
         s = self.settings
@@ -110,11 +133,21 @@ class EpisodeScorer:
             except RewardModelError as exc:
                 failures["reward_model"] = str(exc)
 
+        episode = {"completion": fields["response"], "messages": list(messages or []), "row": dict(row), "env_reward": float(t.reward)}
+
+        async def run_function(f: RewardFunction) -> None:
+            try:
+                parts[f.spec.metric] = await f(episode)
+            except RewardModelError as exc:
+                failures[f.spec.metric] = str(exc)
+
         async with anyio.create_task_group() as tg:
             if self.judge is not None:
                 tg.start_soon(run_judge)
             if self.reward_model is not None:
                 tg.start_soon(run_rm)
+            for f in self.functions:
+                tg.start_soon(run_function, f)
         if answer:
             t.info["judge_answer"] = answer[0]
         if failures:
@@ -129,6 +162,7 @@ class EpisodeScorer:
             s.env_weight * parts["env_reward"]
             + s.judge_weight * parts.get("judge_score", 0.0)
             + s.rm_weight * parts.get("rm_score", 0.0)
+            + sum(f.spec.weight * parts[f.spec.metric] for f in self.functions)
         )
         t.metrics.update(parts)
         return t
