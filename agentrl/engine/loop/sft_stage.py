@@ -18,7 +18,8 @@ async def run_sft(
     steps: int, batch_size: int, seed: int, log: Any,
 ) -> str:
     """Train ``steps`` steps of ``batch_size`` conversations drawn from ``num_examples`` of
-    ``source`` on ``model``; write the result to ``out`` and return it. ``out`` already holding a
+    ``source`` on ``model``; write the result to ``out`` (in the learner's model dtype, the
+    recipe's ``model.dtype``) and return it. ``out`` already holding a
     model (a resumed run) skips the stage. ``learners`` is started with ``learner_kwargs`` and
     stopped at the end; ``log`` is a MetricsLogger."""
     from agentrl.models.loading import load_tokenizer
@@ -44,8 +45,10 @@ async def run_sft(
                 f"sft {step:>5}/{steps}  loss {m['sft_loss']:.4f}  lr {m['lr']:.2e}  "
                 f"{tokens / max(1e-9, time.monotonic() - t0):.0f} trained tok/s  t={rec['time']:.0f}s"
             )
-    # a LoRA warm-up is written merged: RL starts from a whole model (with a fresh adapter)
-    await learners.call("publish", str(out), True, merged=True, what="writing the SFT model")
+    # a LoRA warm-up is written merged: RL starts from a whole model (with a fresh adapter). In
+    # the recipe's model dtype (bfloat16 on GPUs), cast shard by shard before the gather, as the
+    # generators serve it: a float32 copy of a 7B model would be 30 GB gathered, written and read
+    await learners.call("publish", str(out), True, serving_dtype=True, merged=True, what="writing the SFT model")
     await learners.stop()
     log.event(f"SFT done in {time.monotonic() - t0:.0f} s: {out}")
     return str(out)
