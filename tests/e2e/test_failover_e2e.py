@@ -1,89 +1,108 @@
-"""Learner failover for real: `agentrl train` with checkpoints, the learner rank's process killed
-with SIGKILL mid-run (from outside, as the OOM killer would); the run restarts the learner from the
-newest checkpoint in the same process and completes every step, each prompt trained once (by the
-learner's and the rollout workers' append-only audit logs, not the controller's own account)."""
+"""Failover for real, one run that loses two components (issues 33, 37): `agentrl train` on the
+tiny main job with checkpoints, the rollout worker's process killed with SIGKILL at step 2, then
+the learner rank's process at step 5 (from outside, as the OOM killer would).
+
+The run replaces the worker with one of the same settings (re-issuing the groups it had in flight)
+and restarts the learner from the newest checkpoint, in the same process, and completes every
+step. Each replacement is one event in metrics.jsonl and one plain console line (no Ray
+traceback). Checked from the learner's and the rollout workers' append-only audit logs, not the
+controller's own account: no sample trained twice, every trained sample from an episode a rollout
+worker recorded as finished, each prompt trained once and none lost or abandoned."""
 
 import json
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from agentrl.engine.common.audit import learner_audit_path, read_audit
-from tests.e2e.helpers import REPO, check_audit, kill_tree, train_cmd
+from agentrl.engine.common.audit import episodes_audit_path, learner_audit_path, read_audit
+from tests.e2e.helpers import REPO, check_audit, kill_tree, steps, train_cmd
 
-MAX_STEPS, BATCH, GROUP, STALENESS = 6, 8, 4, 1  # the overrides below; tiny_calc's group size and staleness bound
-
-
-def _cmd(run_dir, model, *extra):
-    return train_cmd(
-        run_dir, model,
-        "sft.steps=0",
-        "eval.limit=0",
-        "learner.max_degenerate_steps=0",  # the untrained model earns no reward on Calc: every step is degenerate, on purpose here
-        f"learner.max_steps={MAX_STEPS}",
-        f"learner.batch_size={BATCH}",
-        "rollout.max_new_tokens=16",
-        "checkpoint.every_steps=2",
-        *extra,
-    )
+MAX_STEPS, BATCH, GROUP, STALENESS = 8, 8, 4, 1  # the overrides below; tiny_calc's group size and staleness bound
+WORKER_AT, LEARNER_AT = 2, 5  # the steps after which the rollout worker, then the learner, is killed
 
 
-def _learner_pids(run_dir) -> list[int]:
-    path = learner_audit_path(run_dir)
-    return [rec["pid"] for rec in read_audit(path)] if path.exists() else []
+def _pids(path: Path) -> list[int]:
+    """The processes that wrote records to an audit log, in order of their first record."""
+    return list(dict.fromkeys(rec["pid"] for rec in read_audit(path))) if path.exists() else []
 
 
-def _audit_steps(run_dir) -> list[int]:
+def _audit_steps(run_dir: Path) -> list[int]:
     path = learner_audit_path(run_dir)
     return [rec["step"] for rec in read_audit(path)] if path.exists() else []
 
 
+def _wait(proc: subprocess.Popen, log_path: Path, reached: Callable[[], bool], what: str, timeout_s: float = 600) -> None:
+    """Wait until ``reached()``; fail the test (with the run's console) if the run ends first or
+    ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while not reached():
+        assert proc.poll() is None, log_path.read_text()[-4000:]
+        assert time.monotonic() < deadline, f"the run never reached {what}"
+        time.sleep(0.2)
+
+
 @pytest.mark.e2e
 @pytest.mark.vllm
-def test_sigkill_of_the_learner_is_survived_in_run(tmp_path, tiny_calc_model):
-    run_dir = tmp_path / "run"
-    log = (tmp_path / "run.log").open("w")
-    proc = subprocess.Popen(
-        _cmd(run_dir, tiny_calc_model), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "RAY_DEDUP_LOGS": "0"}, start_new_session=True,
+def test_sigkill_of_the_rollout_worker_then_the_learner_is_survived_in_run(tmp_path, tiny_calc_model):
+    run_dir, log_path = tmp_path / "run", tmp_path / "run.log"
+    cmd = train_cmd(
+        run_dir, tiny_calc_model,
+        "sft.steps=0",
+        "eval.limit=0",
+        "learner.max_degenerate_steps=0",  # the untrained model earns no reward on Calc: degenerate steps, on purpose
+        f"learner.max_steps={MAX_STEPS}",
+        f"learner.batch_size={BATCH}",
+        "rollout.max_new_tokens=16",
+        "checkpoint.every_steps=2",
     )
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "RAY_DEDUP_LOGS": "0"}, start_new_session=True)
     try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and (not _audit_steps(run_dir) or max(_audit_steps(run_dir)) < 3):
-            assert proc.poll() is None, (tmp_path / "run.log").read_text()[-4000:]
-            time.sleep(0.2)
-        assert _audit_steps(run_dir) and max(_audit_steps(run_dir)) >= 3, "the learner never reached step 3"
+        _wait(proc, log_path, lambda: max(steps(run_dir), default=0) >= WORKER_AT, f"step {WORKER_AT}")
+        worker_pid = _pids(episodes_audit_path(run_dir))[-1]
+        os.kill(worker_pid, signal.SIGKILL)  # the rollout worker's process
+        _wait(proc, log_path, lambda: max(_audit_steps(run_dir), default=0) >= LEARNER_AT, f"learner step {LEARNER_AT}")
         killed_at = max(_audit_steps(run_dir))
-        learner_pid = _learner_pids(run_dir)[-1]
-        os.kill(learner_pid, signal.SIGKILL)  # the learner rank's process, as the OOM killer would
+        learner_pid = _pids(learner_audit_path(run_dir))[-1]
+        os.kill(learner_pid, signal.SIGKILL)  # the learner rank's process
         rc = proc.wait(timeout=900)
     finally:
         if proc.poll() is None:
             kill_tree(proc)
-        log.close()
-    output = (tmp_path / "run.log").read_text()
+    output = log_path.read_text()
     assert rc == 0, output[-5000:]
     assert "Traceback" not in output, output[-5000:]
 
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["version"] for r in records if r["kind"] == "step"] == [1, 2, 3, 4, 5, 6]
-    restarts = [r for r in records if r["kind"] == "event" and r.get("learner_restarts")]
-    assert len(restarts) == 1, [r["message"] for r in records if r["kind"] == "event"]
-    assert "learner rank 0 died" in restarts[0]["message"] and "restarting the learner from checkpoint step_" in restarts[0]["message"]
+    events = [r["message"] for r in records if r["kind"] == "event"]
+    assert [r["version"] for r in records if r["kind"] == "step"] == list(range(1, MAX_STEPS + 1))
+    worker_restarts = [r for r in records if r["kind"] == "event" and r.get("rollout_worker_restarts")]
+    assert len(worker_restarts) == 1 and worker_restarts[0]["message"].startswith("rollout worker 0 died"), events
+    assert sum("rollout worker 0 died" in line for line in output.splitlines()) == 1, output[-5000:]  # one console line
+    learner_restarts = [r for r in records if r["kind"] == "event" and r.get("learner_restarts")]
+    assert len(learner_restarts) == 1, events
+    assert "learner rank 0 died" in learner_restarts[0]["message"]
+    assert "restarting the learner from checkpoint step_" in learner_restarts[0]["message"]
     assert "restarting the learner" in output  # said on the console too
 
-    trained = [json.loads(line) for line in (run_dir / "trained.jsonl").read_text().splitlines()]
-    assert [t["step"] for t in trained] == [1, 2, 3, 4, 5, 6]
-    # each prompt trained once, none lost: by what the learner ranks and rollout workers recorded
-    summary = json.loads((run_dir / "summary.json").read_text())
-    check_audit(run_dir, summary, killed_at=killed_at, max_steps=MAX_STEPS, batch=BATCH, group=GROUP, staleness=STALENESS)
+    # two rollout worker processes played episodes: the killed one, then its replacement
+    episode_pids = _pids(episodes_audit_path(run_dir))
+    assert len(episode_pids) == 2 and episode_pids[0] == worker_pid, episode_pids
     # two learner processes trained: the killed one, then the restarted one, which went on from
     # the checkpoint (its first step is the checkpoint's + 1)
-    pids = list(dict.fromkeys(_learner_pids(run_dir)))
-    assert len(pids) == 2 and pids[0] == learner_pid, pids
-    second = [rec["step"] for rec in read_audit(learner_audit_path(run_dir)) if rec["pid"] == pids[1]]
-    assert second[0] in (3, 5) and second[-1] == 6, second
+    learner_pids = _pids(learner_audit_path(run_dir))
+    assert len(learner_pids) == 2 and learner_pids[0] == learner_pid, learner_pids
+    second = [rec["step"] for rec in read_audit(learner_audit_path(run_dir)) if rec["pid"] == learner_pids[1]]
+    assert second[0] in (5, 7) and second[-1] == MAX_STEPS, second
+    trained = [json.loads(line) for line in (run_dir / "trained.jsonl").read_text().splitlines()]
+    assert [t["step"] for t in trained] == list(range(1, MAX_STEPS + 1))
+    # each prompt trained once, none lost, every trained sample from a finished episode
+    summary = json.loads((run_dir / "summary.json").read_text())
+    check_audit(run_dir, summary, killed_at=killed_at, max_steps=MAX_STEPS, batch=BATCH, group=GROUP, staleness=STALENESS)
     assert (run_dir / "final" / "config.json").is_file()
