@@ -95,6 +95,7 @@ class Controller:
         log = MetricsLogger(rd.root, max_steps=r.learner.max_steps, sinks=self._metric_sinks())
         if start is not None and start.message:
             log.event(start.message)
+        log.where_to_look()  # the commands that show the run: TensorBoard's and agentrl report's
         rows = load_rows(r.data.source, split=r.data.split, fields=r.data.fields or None, limit=r.data.limit, seed=r.seed)
         model = prepare_model(r, rows, log)
         started_ray = start_ray(wiring.ray_init_kwargs(r))

@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 
-__all__ = ["ProgressView", "render_step"]
+__all__ = ["ProgressView", "format_eta", "render_step"]
 
 _BAR_WIDTH = 24
 
@@ -38,8 +38,22 @@ def _bars(hist: dict[str, int]) -> str:
     return "\n".join(rows)
 
 
-def render_step(rec: dict[str, Any], *, max_steps: int | None = None, recent_rewards: list[float] | None = None) -> Panel:
-    """The panel for one step record (the fields :meth:`Controller._train` logs)."""
+def format_eta(seconds: float) -> str:
+    """``seconds`` as ``45s``, ``3m05s`` or ``2h07m`` (rounded to the second or the minute)."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    m = round(seconds / 60)
+    return f"{m // 60}h{m % 60:02d}m"
+
+
+def render_step(
+    rec: dict[str, Any], *, max_steps: int | None = None, recent_rewards: list[float] | None = None, eta_s: float | None = None,
+) -> Panel:
+    """The panel for one step record (the fields :meth:`Controller._train` logs); ``eta_s``: the
+    time left until ``max_steps`` (None: not known yet)."""
     recent = recent_rewards or [rec.get("reward_mean", 0.0)]
     left = Table.grid(padding=(0, 2))
     left.add_column(style="bold")
@@ -58,7 +72,7 @@ def render_step(rec: dict[str, Any], *, max_steps: int | None = None, recent_rew
         "failures",
         f"infra {rec.get('infra_failures', 0)}   over-stale dropped {rec.get('dropped_stale', 0)}",
     )
-    left.add_row("elapsed", f"{rec.get('time', 0.0):.0f} s")
+    left.add_row("elapsed", f"{rec.get('time', 0.0):.0f} s" + (f"   eta {format_eta(eta_s)}" if eta_s is not None else ""))
     right = Table.grid()
     right.add_column()
     right.add_row("[bold]staleness[/] (versions behind: samples)")
@@ -81,10 +95,10 @@ class ProgressView:
         self._rewards: deque[float] = deque(maxlen=10)
         self._live: Live | None = None
 
-    def update(self, rec: dict[str, Any]) -> None:
-        """Redraw the panel for step record ``rec``."""
+    def update(self, rec: dict[str, Any], *, eta_s: float | None = None) -> None:
+        """Redraw the panel for step record ``rec`` (``eta_s``: the time left, when known)."""
         self._rewards.append(float(rec.get("reward_mean", 0.0)))
-        panel = render_step(rec, max_steps=self.max_steps, recent_rewards=list(self._rewards))
+        panel = render_step(rec, max_steps=self.max_steps, recent_rewards=list(self._rewards), eta_s=eta_s)
         if self._live is None:
             self._live = Live(panel, console=self.console, refresh_per_second=2, transient=False)
             self._live.start()

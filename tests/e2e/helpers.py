@@ -286,7 +286,7 @@ def vllm_server(model: Path | str, log_path: Path, *args: str, env: dict[str, st
 AGENTRL_LINES = (
     # the progress line of every learner step off a terminal (agentrl.engine.metrics.MetricsLogger.step)
     r"step +\d+ v\d+ +reward -?\d+\.\d{3}  gen +\d+\.\d tok/s  train +\d+\.\d tok/s  queue +\d+  "
-    r"staleness \{(\d+:\d+( \d+:\d+)*)?\}  infra \d+  t=\d+s(  \(rewards not scored: \d+\))?",
+    r"staleness \{(\d+:\d+( \d+:\d+)*)?\}  infra \d+  t=\d+s(  eta (\d+h\d{2}m|\d+m\d{2}s|\d+s))?(  \(rewards not scored: \d+\))?",
     # an evaluation (agentrl.engine.loop.evaluation.Evaluator)
     r"eval v\d+: accuracy \d\.\d{3}  tool-call rate \d\.\d{3}  turns \d+\.\d{2}  \(\d+ episodes, \d+ s\)",
     # the last line of `agentrl train` (agentrl.cli)

@@ -2,16 +2,19 @@
 reward functions (``[[reward.functions]]``, one async, one plain) beside their recipe, run from
 another directory without PYTHONPATH; the run checkpoints without being asked
 (after step 1); a rerun of the finished run says plainly that it starts a new one and keeps the
-old one aside; ``--resume-from`` goes on from a checkpoint of that old run."""
+old one aside; ``--resume-from`` goes on from a checkpoint of that old run. The console, off a
+terminal and without COLUMNS: the first lines name the TensorBoard and report commands, step lines
+carry an ETA from the second step, no line is wrapped, and every line is one of agentrl's own."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
-from tests.e2e.helpers import REPO, steps
+from tests.e2e.helpers import REPO, foreign_lines, steps
 from tests.test_user_code import USER_ENV
 
 MAX_STEPS = 3
@@ -36,7 +39,7 @@ def _events(run_dir):
 
 
 def _train(recipe, cwd, *extra):
-    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "COLUMNS")}
     cmd = [sys.executable, "-m", "agentrl.cli", "train", str(recipe), *extra]
     return subprocess.run(cmd, cwd=cwd, env={**environ, "RAY_DEDUP_LOGS": "0"}, capture_output=True, text=True, timeout=900)
 
@@ -72,6 +75,13 @@ def test_own_module_default_checkpoints_rerun_and_resume_from(tmp_path, tiny_cal
     assert all(r["fn/tagged_mean"] == 0.25 and r["fn/has_answer_mean"] == 0.125 for r in step_records), step_records
     # checkpointed without a [checkpoint] section: after step 1 (checkpoint.first_step)
     assert (run_dir / "checkpoints" / "step_000001" / "state.pkl").is_file()
+    # the console (not a terminal, no COLUMNS): the commands that show the run, whole on one line each
+    lines = first.stderr.splitlines()
+    assert f"curves: tensorboard --logdir {run_dir / 'tensorboard'}; report (plots, trajectories): agentrl report {run_dir}" in lines, lines[:10]
+    step_lines = [line for line in lines if re.match(r"step +\d+ v", line)]
+    assert len(step_lines) == MAX_STEPS and "eta" not in step_lines[0], step_lines  # no ETA before a step time is known
+    assert re.search(r"  t=\d+s  eta \d+(s|m\d\ds)$", step_lines[1]), step_lines  # step 2 of 3: one step left
+    first_console = first.stderr
 
     second = _train(recipe, elsewhere, *sets)
     assert second.returncode == 0, second.stderr[-5000:]
@@ -88,3 +98,6 @@ def test_own_module_default_checkpoints_rerun_and_resume_from(tmp_path, tiny_cal
     assert any(m.startswith("resuming from") for m in messages), messages
     assert steps(run_dir) == [2, 3]  # steps 2 and 3 trained again from the old run's step 1
     assert len(sorted(proj.glob("run.old-*"))) == 2  # the second run was set aside, not overwritten
+    # every console line of the first run is agentrl's own (an allowlisted format or a logged event)
+    foreign = foreign_lines(first_console, old)
+    assert foreign == [], "\n".join(foreign[:20])

@@ -64,3 +64,79 @@ def test_brackets_in_events_and_warnings_are_printed_not_taken_for_markup(tmp_pa
     shown = out.getvalue()
     assert "warm it up with [sft], raise" in shown
     assert "section [learner] and [bold]not bold[/bold]" in shown
+
+
+class _Clock:
+    """A clock the test moves by hand (seconds)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_step_lines_carry_an_eta_from_the_mean_step_time_and_the_steps_left(tmp_path) -> None:
+    out = io.StringIO()
+    clock = _Clock()
+    log = MetricsLogger(tmp_path, console=Console(file=out, width=300), max_steps=10, clock=clock)
+    for step, t in ((4, 500.0), (5, 530.0), (6, 560.0), (9, 650.0), (10, 680.0)):  # resumed at 3; start-up took 500 s
+        clock.now = 1000.0 + t
+        log.step(**{**{k: v for k, v in STEP.items() if k != "time"}, "step": step, "version": step})
+    lines = out.getvalue().splitlines()
+    assert "eta" not in lines[0]  # one step: no step time known yet (the first one holds the warm-up)
+    assert lines[1].endswith("t=530s  eta 2m30s")  # 30 s a step since step 4, 5 steps left
+    assert lines[2].endswith("t=560s  eta 2m00s")
+    assert lines[3].endswith("t=650s  eta 30s")
+    assert "eta" not in lines[4]  # the last step: nothing left
+    assert log.eta_s(11, 700.0) is None
+    no_length = MetricsLogger(tmp_path / "b", console=Console(file=io.StringIO()), clock=clock)
+    assert no_length.eta_s(1, 10.0) is None and no_length.eta_s(2, 20.0) is None  # without max_steps: no ETA
+
+
+def test_the_eta_reads_in_seconds_minutes_or_hours() -> None:
+    from agentrl.engine.progress import format_eta
+
+    assert [format_eta(s) for s in (0.4, 45, 59.6, 185, 3599, 3600, 7620, 90000)] == [
+        "0s", "45s", "1m00s", "3m05s", "59m59s", "1h00m", "2h07m", "25h00m"]
+
+
+def test_the_live_panel_shows_the_eta(tmp_path) -> None:
+    text = _text(render_step(STEP, max_steps=120, eta_s=4000.0))
+    assert "93 s   eta 1h07m" in text, text
+    assert "eta" not in _text(render_step(STEP, max_steps=120))
+
+
+def test_off_a_terminal_the_default_console_never_wraps_lines(tmp_path, capsys) -> None:
+    """A log file got every long line broken at 80 columns (rich's width off a terminal)."""
+    log = MetricsLogger(tmp_path, max_steps=50)
+    assert not log.console.is_terminal and log.view is None
+    long = "resuming from " + "/very/long/run/directory" * 8 + " (step 12, 3 prompts re-issued)"
+    log.event(long)
+    log.warning("step 3 is degenerate: " + "no reward in any episode; " * 6 + "warm it up with [sft]")
+    log.step(**STEP)
+    log.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3 and lines[0] == long, lines
+    assert lines[1].startswith("warning: step 3 is degenerate") and lines[1].endswith("warm it up with [sft]")
+    assert lines[2].startswith("step    7 v7") and "staleness {0:4 1:28}" in lines[2] and len(lines[2]) > 80
+
+
+def test_the_first_lines_name_the_tensorboard_and_report_commands(tmp_path, monkeypatch) -> None:
+    out = io.StringIO()
+    run_dir = tmp_path / "my runs" / "[exp 1]"  # a space to quote, brackets that are not markup
+    log = MetricsLogger(run_dir, console=Console(file=out, width=400))
+    rec = log.where_to_look()
+    log.close()
+    said = f"curves: tensorboard --logdir '{run_dir}/tensorboard'; report (plots, trajectories): agentrl report '{run_dir}'"
+    assert rec["message"] == said and out.getvalue().strip() == said
+    # without the tensorboard package there is no TensorBoard to name: the report command alone
+    import agentrl.engine.metrics as metrics
+
+    def no_tensorboard(log_dir):
+        raise ImportError("No module named 'tensorboard'")
+
+    monkeypatch.setattr(metrics, "TensorBoardSink", no_tensorboard)
+    out = io.StringIO()
+    plain = MetricsLogger(tmp_path / "plain", console=Console(file=out, width=400))
+    assert plain.where_to_look()["message"] == f"report (plots, trajectories): agentrl report {tmp_path / 'plain'}"

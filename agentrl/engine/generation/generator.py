@@ -220,6 +220,11 @@ class VllmGenerator(GeneratorCounters, Generator):
         self._adapter_users: dict[int, int] = {}
         """LoRA: requests in flight per adapter version."""
         self._on_gpu = False
+        self._half_loaded: str | None = None
+        """Why the served model may be half-loaded: a collective update failed after vLLM's
+        layer-wise reload began (layers then sit on the meta device, or hold a mix of versions).
+        Generation stays paused until a whole version is loaded from disk (:meth:`update_weights`);
+        None: the model is whole."""
         self._asleep: set[str] = set()
         """What of a sleeping engine is not on the device (``weights``, ``kv_cache``); empty: awake."""
         self._next_lora_id = 1
@@ -351,8 +356,12 @@ class VllmGenerator(GeneratorCounters, Generator):
                 if self._tied:
                     await self.engine.collective_rpc(RETIE_METHOD)  # see agentrl.engine.generation.vllm_worker
                 await self.engine.update_weight_version(str(version))
-            finally:
-                await self.engine.resume_generation()
+            except BaseException:
+                if self._half_loaded is None:  # a model still whole goes on serving its version
+                    await self.engine.resume_generation()
+                raise
+            self._half_loaded = None  # a whole version again (after a failed collective update too)
+            await self.engine.resume_generation()
 
         await self._bounded(swap(), f"weight update to version {version} from {path}")
         return self._updated(version, t0)
@@ -439,35 +448,49 @@ class VllmGenerator(GeneratorCounters, Generator):
         await self._bounded(self.engine.shutdown_weight_transfer_engine(), "leaving the weight-transfer group")
 
     async def begin_weight_update(self) -> None:
-        """Pause generation (mode ``keep``: requests stay in the engine) and open an update."""
+        """Pause generation (mode ``keep``: requests stay in the engine) and open an update.
+
+        A collective update that fails once vLLM's layer-wise reload has begun (here, in
+        :meth:`receive_weights` or :meth:`end_weight_update`) leaves generation paused: layers
+        of the model may sit on the meta device or hold a mix of two versions, and no token is
+        sampled from such a model. The failure raises GeneratorError saying so; requests wait
+        in the engine until a whole version is loaded from disk (:meth:`update_weights`: the
+        publisher's disk fallback loads the version it broadcast, a learner restart its
+        checkpoint's; a generator that cannot load it is replaced)."""
         self._update_t0 = time.monotonic()
         await self._bounded(self.engine.pause_generation(mode="keep", clear_cache=self.settings.recompute_kv_on_update), "pausing for a weight update")
-        try:
-            await self._bounded(self.engine.start_weight_update(), "starting a weight update")
-        except BaseException:
-            await self.engine.resume_generation()
-            raise
+        await self._while_updating(self.engine.start_weight_update(), "starting a weight update")
 
     async def receive_weights(self, update_info: dict[str, Any]) -> None:
-        """Receive the parameters listed in ``update_info`` from the learner's broadcast. On failure
-        generation resumes (the caller then reloads a consistent version from disk)."""
+        """Receive the parameters listed in ``update_info`` from the learner's broadcast. On
+        failure generation stays paused (see :meth:`begin_weight_update`)."""
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-        try:
-            await self._bounded(self.engine.update_weights(WeightTransferUpdateRequest(update_info=update_info)), "receiving weights")
-        except BaseException:
-            await self.engine.resume_generation()
-            raise
+        await self._while_updating(self.engine.update_weights(WeightTransferUpdateRequest(update_info=update_info)), "receiving weights")
 
     async def end_weight_update(self, version: int) -> float:
-        """Finish the update, label the weights ``version`` and resume. Returns the stall (s)."""
-        try:
-            await self._bounded(self.engine.finish_weight_update(str(version)), "finishing a weight update")
-            if self._tied:
-                await self._bounded(self.engine.collective_rpc(RETIE_METHOD), "re-tying the output embeddings")
-        finally:
-            await self.engine.resume_generation()
+        """Finish the update, label the weights ``version`` and resume. Returns the stall (s). On
+        failure generation stays paused (see :meth:`begin_weight_update`)."""
+        await self._while_updating(self.engine.finish_weight_update(str(version)), "finishing a weight update")
+        if self._tied:
+            await self._while_updating(self.engine.collective_rpc(RETIE_METHOD), "re-tying the output embeddings")
+        await self.engine.resume_generation()
         return self._updated(version, self._update_t0)
+
+    async def _while_updating(self, aw: Any, what: str) -> None:
+        """Await ``aw``, a step of a collective update (generation paused); on failure the model
+        is marked half-loaded and generation stays paused; the GeneratorError says so."""
+        try:
+            await self._bounded(aw, what)
+        except BaseException as exc:
+            self._half_loaded = f"{what} failed: {exc}"
+            if isinstance(exc, GeneratorError):
+                raise GeneratorError(
+                    f"{exc}; generation stays paused: vLLM's layer-wise reload may have left layers of the model on the "
+                    f"meta device, so this engine ({self.settings.model!r}) serves again only once a whole version is "
+                    f"loaded from disk (update_weights)"
+                ) from exc
+            raise
 
     async def shutdown(self) -> None:
         """Stop the engine and its processes."""
