@@ -36,6 +36,17 @@ class Rank:
     def train_step(self, samples: Any, *, extra: Any = None) -> dict[str, Any]:
         return {"type": type(samples).__name__, "samples": samples, "extra": extra, "pid": os.getpid()}
 
+    def ping_all(self, generators: list[Any]) -> list[str]:
+        """As ``connect_weight_transfer`` does: call actors whose handles came in a list."""
+        import ray
+
+        return ray.get([g.ping.remote() for g in generators], timeout=60)
+
+
+class Generator:
+    def ping(self) -> str:
+        return "pong"
+
 
 @pytest.fixture(scope="module")
 def ray_local():
@@ -56,18 +67,22 @@ def test_a_batch_is_serialised_once_for_every_rank_and_arrives_unchanged(ray_loc
         factory=lambda rank, kwargs, options: ray.remote(Rank).options(num_cpus=0).remote(),
     )
 
-    async def go() -> list[Any]:
+    async def go() -> tuple[list[Any], int, list[Any]]:
         await group.start({})
         try:
             PICKLED.clear()
             samples = Batch([{"id": "a", "tokens": [1, 2, 3]}, {"id": "b", "tokens": [4]}])
-            return await group.call("train_step", samples, extra=Batch([7]), what="a step")
+            results = await group.call("train_step", samples, extra=Batch([7]), what="a step")
+            pickled = len(PICKLED)
+            gen = ray.remote(Generator).options(num_cpus=0).remote()  # actor handles travel through the store too
+            return results, pickled, await group.call("ping_all", [gen], what="reaching the generators")
         finally:
             await group.stop()
 
-    results = asyncio.run(go())
+    results, pickled, pings = asyncio.run(go())
     # one serialisation of the batch and one of the keyword argument, not one per rank (3 + 3)
-    assert len(PICKLED) == 2, f"the batch was pickled {len(PICKLED)} times for 3 ranks"
+    assert pickled == 2, f"the batch was pickled {pickled} times for 3 ranks"
+    assert pings == [["pong"]] * 3
     assert len({r["pid"] for r in results}) == 3  # three processes
     for r in results:  # Ray resolved the reference: each rank got the value itself
         assert r["type"] == "list" and r["samples"] == [{"id": "a", "tokens": [1, 2, 3]}, {"id": "b", "tokens": [4]}]
