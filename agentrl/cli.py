@@ -5,7 +5,8 @@
     agentrl train RECIPE [--set section.key=value ...]   run an experiment (resumes from its newest checkpoint)
           [--fresh | --resume-from RUN_DIR/checkpoints/step_N]
     agentrl check RECIPE [--set section.key=value ...]   validate a recipe without running it
-    agentrl eval RECIPE --checkpoint DIR                  held-out metrics of a checkpoint
+    agentrl eval RECIPE [--checkpoint DIR] [--show N]     held-out metrics of a checkpoint (default: the
+                                                          recipe's model); --show prints N episodes
     agentrl report RUN_DIR                                plots and a summary of a run
     agentrl export CHECKPOINT_DIR OUT_DIR                 Hugging Face folder of a training checkpoint
     agentrl model init tiny OUT_DIR [--env ID]            build a tiny Qwen2 model + tokenizer
@@ -72,7 +73,9 @@ def _parser() -> argparse.ArgumentParser:
                                help="go on from this checkpoint (RUN_DIR/checkpoints/step_N) or run directory (its newest checkpoint)")
     ev = sub.add_parser("eval", help="evaluate a checkpoint on the recipe's held-out rows (mode eval)")
     ev.add_argument("recipe", help="path to a TOML recipe")
-    ev.add_argument("--checkpoint", required=True, help="a Hugging Face folder (e.g. RUN_DIR/final) or hub id")
+    ev.add_argument("--checkpoint", help="a Hugging Face folder (e.g. RUN_DIR/final) or hub id (default: the recipe's model.path)")
+    ev.add_argument("--show", type=int, default=0, metavar="N",
+                    help="print N of the evaluated episodes turn by turn, with tool calls and rewards (evaluates at least N rows)")
     ev.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a recipe value")
     rep = sub.add_parser("report", help="plots and a summary of a run directory")
     rep.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
@@ -133,6 +136,41 @@ def _train(args: argparse.Namespace, hooks: Sequence[Any] = ()) -> int:
     if summary.ended_early:
         print(f"ended early: {summary.ended_early}")
     return 0
+
+
+def _eval(args: argparse.Namespace, hooks: Sequence[Any] = ()) -> int:
+    """``agentrl eval``: the recipe in mode eval (nothing trained) on ``--checkpoint`` (default:
+    its own model); with ``--show N``, at least N rows are evaluated and N episodes printed."""
+    from agentrl.config import load_recipe
+    from agentrl.errors import ConfigError
+    from agentrl.user_code import use_user_code
+
+    if args.show < 0:
+        raise ConfigError(f"--show {args.show}: expected a number of episodes, 0 or more")
+    args.overrides = [*args.overrides, "mode=eval", "sft.steps=0"]
+    if args.checkpoint is not None:
+        args.overrides.append(f"model.path={args.checkpoint!r}")
+    if not args.show:
+        return _train(args, hooks)
+    from agentrl.episode_show import count_lines, read_episodes, render_episode
+
+    use_user_code(args.recipe)
+    recipe = load_recipe(args.recipe, args.overrides)
+    e = recipe.eval
+    if e.limit and e.limit < args.show:  # 0 in mode eval: every row
+        args.overrides.append(f"eval.limit={args.show}")
+    args.overrides.append(f"eval.samples={max(e.samples, args.show)}")
+    path = recipe.resolved_run_dir() / "eval_samples.jsonl"
+    before = count_lines(path)
+    status = _train(args, hooks)
+    episodes = read_episodes(path, skip=before)[: args.show]
+    for i, record in enumerate(episodes, 1):
+        print()
+        print(render_episode(record, i, len(episodes)))
+    run_dir = recipe.resolved_run_dir()
+    print(f"\n{len(episodes)} episode{'s' if len(episodes) != 1 else ''} shown (of {args.show} asked); all in {path}; "
+          f"`agentrl report {run_dir}` shows them in its trajectory browser")
+    return status
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -198,8 +236,7 @@ def main(argv: Sequence[str] | None = None, *, hooks: Sequence[Any] = ()) -> int
         if args.command == "check":
             return _check(args)
         if args.command == "eval":
-            args.overrides = [*args.overrides, "mode=eval", f"model.path={args.checkpoint!r}", "sft.steps=0"]
-            return _train(args, hooks)
+            return _eval(args, hooks)
         if args.command == "report":
             from agentrl.report import write_report
 

@@ -605,6 +605,9 @@ class EvalConfig(_Section):
     """Also evaluate every this many learner steps; 0 = only before and after."""
     timeout_s: float = Field(900.0, gt=0)
     """Longest wait for one evaluation, seconds."""
+    samples: int = Field(4, ge=0)
+    """Episodes of each evaluation written, decoded, to ``eval_samples.jsonl`` (the report's
+    trajectory browser; ``agentrl eval --show N`` prints N of them)."""
 
 
 class PlacementConfig(_Section):

@@ -382,7 +382,7 @@ class Controller:
                         f"evaluating on all {len(rows)}")
         return Evaluator(
             workers=lambda: fleet.workers, rows=rows, temperature=e.temperature, timeout_s=e.timeout_s, log=log,
-            samples_path=self.run_dir.eval_samples, records=list(state.evals) if state is not None else [],
+            samples_path=self.run_dir.eval_samples, records=list(state.evals) if state is not None else [], samples=e.samples,
         )
 
     def _metric_sinks(self) -> list[Any]:

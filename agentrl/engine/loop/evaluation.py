@@ -59,12 +59,13 @@ async def evaluate(
 class Evaluator:
     """Evaluates the generators' current weights on held-out ``rows`` through the rollout
     ``workers`` (a callable returning the current handles), at ``temperature``, within
-    ``timeout_s``; logs each evaluation to ``log`` (a MetricsLogger), appends a few episodes to
-    ``samples_path`` and keeps the records (:attr:`records`; ``records`` seeds them on a resume)."""
+    ``timeout_s``; logs each evaluation to ``log`` (a MetricsLogger), appends its first ``samples``
+    episodes to ``samples_path`` (decoded, with their reward, status, turns, tool calls and error)
+    and keeps the records (:attr:`records`; ``records`` seeds them on a resume)."""
 
     def __init__(
         self, *, workers: Any, rows: list[dict[str, Any]], temperature: float, timeout_s: float, log: Any,
-        samples_path: Any, records: list[dict[str, Any]] | None = None,
+        samples_path: Any, records: list[dict[str, Any]] | None = None, samples: int = 4,
     ) -> None:
         self.workers = workers
         self.rows = rows
@@ -72,6 +73,7 @@ class Evaluator:
         self.timeout_s = timeout_s
         self.log = log
         self.samples_path = samples_path
+        self.samples = samples
         self.records: list[dict[str, Any]] = list(records or [])
 
     async def __call__(self, version: int) -> dict[str, Any]:
@@ -90,5 +92,8 @@ class Evaluator:
             self.log.warning(f"evaluation v{version} is degenerate: {problem}", degenerate=problem, version=version)
         with open(self.samples_path, "a") as f:
             f.writelines(json.dumps({"version": version, "group_id": t.group_id, "reward": t.reward, "status": t.status,
-                                     "text": t.info.get("text", ""), "spans": t.info.get("spans", [])}) + "\n" for t in trajs[:4])
+                                     "turns": t.metrics.get("turns", 0), "tool_calls": t.metrics.get("tool_calls", 0),
+                                     "text": t.info.get("text", ""), "spans": t.info.get("spans", []),
+                                     **({"error": t.info["error"]} if t.info.get("error") else {})}) + "\n"
+                         for t in trajs[: self.samples])
         return rec

@@ -1,0 +1,42 @@
+"""``agentrl eval RECIPE --show N`` for real (issue 36, "seeing before training"): the tiny model
+on the tiny recipe's environment through vLLM, Ray and the sandbox, nothing trained; N episodes
+printed turn by turn with their rewards, at least N rows evaluated (eval.limit raised), and the
+same episodes in eval_samples.jsonl for the report's browser."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.e2e.helpers import REPO
+
+SHOW = 3
+
+
+@pytest.mark.e2e
+@pytest.mark.vllm
+def test_eval_show_prints_n_episodes_turn_by_turn(tmp_path, tiny_calc_model):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "agentrl.cli", "eval", str(REPO / "recipes" / "tiny_calc.toml"), "--show", str(SHOW),
+           "--set", f"run_dir='{run_dir}'", "--set", f"model.path='{tiny_calc_model}'", "--set", "eval.limit=2",
+           "--set", "rollout.max_new_tokens=24"]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    [evaluation] = [r for r in records if r["kind"] == "eval"]
+    assert evaluation["episodes"] + evaluation["infra_failures"] == SHOW  # eval.limit=2 raised to the 3 shown
+    assert not [r for r in records if r["kind"] == "step"]  # nothing trained
+    saved = [json.loads(line) for line in (run_dir / "eval_samples.jsonl").read_text().splitlines()]
+    assert len(saved) == SHOW
+    out = done.stdout
+    headers = re.findall(r"^── episode (\d) of (\d) · reward (-?\d\.\d{3}) · (\w+)", out, re.MULTILINE)
+    assert [(int(i), int(n)) for i, n, *_ in headers] == [(i, SHOW) for i in range(1, SHOW + 1)], out
+    assert [float(h[2]) for h in headers] == [pytest.approx(s["reward"], abs=1e-3) for s in saved]
+    blocks = out.split("── episode ")[1:]
+    roles = [[line.split()[0] for line in block.splitlines()[1:] if line and not line.startswith(" ")] for block in blocks]
+    assert all(r[:2] == ["system", "user"] for r in roles), out  # the prompt as the model saw it
+    assert any("assistant" in r for r in roles), out  # then the model's turns (an untrained model may write nothing)
+    assert "Compute" in blocks[0]  # the row's question, as the model saw it
+    assert f"agentrl report {run_dir}" in out.splitlines()[-1]
