@@ -95,14 +95,14 @@ class MetricsLogger:
         hist = fields.get("staleness_hist", {})
         stale = " ".join(f"{k}:{v}" for k, v in sorted(hist.items(), key=lambda kv: int(kv[0])))
         self.console.print(
-            f"[bold]step {fields.get('step', 0):>4}[/] v{fields.get('version', 0):<3} "
+            f"[bold]step {int(fields.get('step', 0)):>4}[/] v{int(fields.get('version', 0)):<3} "
             f"reward {fields.get('reward_mean', 0.0):.3f}  "
             f"gen {fields.get('gen_tokens_per_s', 0.0):7.1f} tok/s  "
             f"train {fields.get('train_tokens_per_s', 0.0):7.1f} tok/s  "
-            f"queue {fields.get('queue_depth', 0):>3}  staleness {{{escape(stale)}}}  "
-            f"infra {fields.get('infra_failures', 0)}  t={rec['time']:.0f}s"
+            f"queue {int(fields.get('queue_depth', 0)):>3}  staleness {{{escape(stale)}}}  "
+            f"infra {int(fields.get('infra_failures', 0))}  t={rec['time']:.0f}s"
             + (f"  eta {format_eta(eta)}" if eta is not None else "")
-            + (f"  (rewards not scored: {fields['reward_failures_batch']})" if fields.get("reward_failures_batch") else "")
+            + (f"  (rewards not scored: {int(fields['reward_failures_batch'])})" if fields.get("reward_failures_batch") else "")
         )
         return rec
 

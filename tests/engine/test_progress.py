@@ -140,3 +140,42 @@ def test_the_first_lines_name_the_tensorboard_and_report_commands(tmp_path, monk
     out = io.StringIO()
     plain = MetricsLogger(tmp_path / "plain", console=Console(file=out, width=400))
     assert plain.where_to_look()["message"] == f"report (plots, trajectories): agentrl report {tmp_path / 'plain'}"
+
+
+def _unsafe_console_interpolations(source: str) -> list[str]:
+    """The values a ``*.console.print(f"...")`` call interpolates that could carry rich markup:
+    anything but ``escape(...)``, a number made by ``int``/``float``/``len``/``round``/``format_eta``,
+    or a value with a numeric format (``:.3f``, ``:d``...)."""
+    import ast
+
+    safe_calls = {"escape", "int", "float", "len", "round", "format_eta"}
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "print"
+                and "console" in ast.unparse(node.func.value)):
+            continue
+        for arg in node.args:
+            for sub in ast.walk(arg):
+                if not isinstance(sub, ast.FormattedValue):
+                    continue
+                v = sub.value
+                if isinstance(v, ast.Call) and ast.unparse(v.func) in safe_calls:
+                    continue
+                spec = ast.unparse(sub.format_spec) if sub.format_spec else ""
+                if spec.rstrip("'\"")[-1:] in tuple("dfeg%"):
+                    continue
+                out.append(f"line {node.lineno}: {{{ast.unparse(v)}{':' + spec if spec else ''}}}")
+    return out
+
+
+def test_every_console_line_escapes_what_could_hold_brackets() -> None:
+    """rich reads `[sft]` in a printed string as a tag and swallows it: whatever agentrl prints on
+    its console is escaped text or a number (events and warnings escape their message)."""
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "agentrl"
+    offenders = [f"{p.relative_to(package.parent)} {hit}" for p in sorted(package.rglob("*.py"))
+                 for hit in _unsafe_console_interpolations(p.read_text())]
+    assert offenders == []
+    # the rule finds an unescaped message
+    assert _unsafe_console_interpolations('log.console.print(f"[dim]{message}[/] {escape(x)} {n:.2f} {int(k)}")') == ["line 1: {message}"]

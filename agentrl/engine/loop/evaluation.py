@@ -83,7 +83,7 @@ class Evaluator:
         rec = self.log.log("eval", version=version, **metrics, eval_s=time.monotonic() - t0)
         self.records.append(rec)
         self.log.console.print(
-            f"[bold]eval v{version}[/]: accuracy {metrics['accuracy']:.3f}  tool-call rate "
+            f"[bold]eval v{int(version)}[/]: accuracy {metrics['accuracy']:.3f}  tool-call rate "
             f"{metrics['tool_call_rate']:.3f}  turns {metrics['turns_mean']:.2f}  "
             f"({int(metrics['episodes'])} episodes, {time.monotonic() - t0:.0f} s)"
         )

@@ -42,7 +42,7 @@ async def run_sft(
             m = res[0]
             rec = log.log("sft", step=step, **m, elapsed_s=time.monotonic() - t0)
             log.console.print(
-                f"sft {step:>5}/{steps}  loss {m['sft_loss']:.4f}  lr {m['lr']:.2e}  "
+                f"sft {int(step):>5}/{int(steps)}  loss {m['sft_loss']:.4f}  lr {m['lr']:.2e}  "
                 f"{tokens / max(1e-9, time.monotonic() - t0):.0f} trained tok/s  t={rec['time']:.0f}s"
             )
     # a LoRA warm-up is written merged: RL starts from a whole model (with a fresh adapter). In
