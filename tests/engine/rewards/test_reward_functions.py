@@ -299,3 +299,21 @@ def test_the_docs_example_runs_as_written(tiny_calc_model, tmp_path, monkeypatch
     assert short.status == long.status == "ok"
     assert short.reward > long.reward  # the example prefers the shorter of two right answers
     sys.modules.pop("my_rewards", None)
+
+
+def test_an_agent_episode_gives_its_last_conversation_and_the_models_reply(tiny_calc_model):
+    """``messages`` of an agent episode: the newest conversation's messages, then the reply the
+    model gave to its last call (what the agent acted on)."""
+    from agentrl.engine.common.interfaces import Generation
+    from agentrl.engine.episodes.chat_segments import ChatRecorder, Reply
+
+    tok = load_tokenizer(str(tiny_calc_model))
+    recorder = ChatRecorder(tok)
+    assert recorder.last_conversation() == []
+    asked = [{"role": "user", "content": "Compute 12*34+5."}]
+    call = recorder.begin(asked, None)
+    ids = tok.encode("\\boxed{413}", add_special_tokens=False)
+    reply = Reply(message={"role": "assistant", "content": "\\boxed{413}"}, generation=Generation(ids, [0.0] * len(ids), [0] * len(ids), "stop"),
+                  text="\\boxed{413}", special_suffix="")
+    recorder.finish(call, [reply])
+    assert recorder.last_conversation() == [*asked, {"role": "assistant", "content": "\\boxed{413}"}]
