@@ -164,18 +164,19 @@ def eval_curve(run_dir: str) -> list[dict]:
     return out
 
 
-def agentrl_train(recipe: str, run_dir: "os.PathLike[str] | str", overrides: list[str], timeout_s: float = 3600) -> float:
-    """Run ``agentrl train RECIPE --fresh`` (``run_dir`` and each ``overrides`` item as a
-    ``--set``) from the repository root, its console into ``RUN_DIR.log``; return its wall-clock
-    seconds. Raises ``SystemExit`` naming the log when it fails (``--fresh``: an earlier run in
-    ``run_dir`` is set aside, never resumed)."""
+def agentrl_train(recipe: str, run_dir: "os.PathLike[str] | str", overrides: list[str], timeout_s: float = 3600,
+                  fresh: bool = True) -> float:
+    """Run ``agentrl train RECIPE`` (``run_dir`` and each ``overrides`` item as a ``--set``) from
+    the repository root, its console into ``RUN_DIR.log``; return its wall-clock seconds. Raises
+    ``SystemExit`` naming the log when it fails. ``fresh`` (RL runs): with ``--fresh``, so an
+    earlier run in ``run_dir`` is set aside, never resumed (an SFT-only run takes no ``--fresh``)."""
     import subprocess
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
     run_dir = Path(run_dir)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [str(root / ".venv/bin/agentrl"), "train", recipe, "--fresh", "--set", f'run_dir="{run_dir}"']
+    cmd = [str(root / ".venv/bin/agentrl"), "train", recipe, *(["--fresh"] if fresh else []), "--set", f'run_dir="{run_dir}"']
     for o in overrides:
         cmd += ["--set", o]
     t0 = time.monotonic()

@@ -40,7 +40,7 @@ def main() -> None:
     sft = ROOT / args.sft
     if not (sft / "config.json").is_file():
         print(f"no SFT checkpoint at {sft}: running tiny_calc's SFT stage")
-        agentrl_train(RUNS["grpo"], out / "sft_run", ['mode="sft"'])
+        agentrl_train(RUNS["grpo"], out / "sft_run", ['mode="sft"'], fresh=False)
         sft = out / "sft_run" / "sft"
     common = [f'model.path="{sft}"', "sft.steps=0", f"learner.max_steps={args.steps}", f"eval.every_steps={args.eval_every}"]
     curves, wall = {}, {}

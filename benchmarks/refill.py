@@ -12,7 +12,7 @@ aside and later groups fill the batch, up to ``algo.max_sampling_factor`` times 
 
 Per arm it reports held-out accuracy against RL wall-clock (the loop's time without evaluations),
 learner steps, the steps whose batch had any group with signal, the groups sampled and trained and
-how many of the trained ones had signal, the whole command's time and how the run ended (a
+how many of the trained ones had signal, the run's time and how the run ended (a
 mastered task ends early with exit 0 under refill). The comparison at equal wall-clock takes each
 arm's last evaluation within the shorter arm's RL time. One seed per arm: with 128 held-out
 problems, +-4 points is noise.
@@ -56,17 +56,29 @@ def step_counts(run_dir: Path) -> dict[str, float]:
     return out
 
 
-def compare(task: str, recipe: str, out: Path, common: list[str]) -> list[str]:
-    """Run both arms of one task and return its lines of the report."""
+def run_seconds(run_dir: Path) -> float:
+    """The run's time from its first to its last record in ``metrics.jsonl`` (start-up of the
+    engines to the final evaluation; set-up before the first record and shut-down left out)."""
+    times = [json.loads(x)["time"] for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return max(times) - min(times)
+
+
+def compare(task: str, recipe: str, out: Path, common: list[str], reuse: bool) -> list[str]:
+    """Run both arms of one task (``reuse``: an arm already finished in its run directory is read,
+    not run again) and return its lines of the report."""
     curves, counts, wall = {}, {}, {}
     for arm in ARMS:
-        print(f"{task} / {arm}: {recipe}", flush=True)
         run_dir = out / f"{task}_{arm}"
-        wall[arm] = agentrl_train(recipe, run_dir, [*common, f'algo.dynamic_sampling="{arm}"'])
+        if reuse and (run_dir / "final" / "config.json").is_file():
+            print(f"{task} / {arm}: reusing the finished run in {run_dir}", flush=True)
+        else:
+            print(f"{task} / {arm}: {recipe}", flush=True)
+            agentrl_train(recipe, run_dir, [*common, f'algo.dynamic_sampling="{arm}"'])
         curves[arm], counts[arm] = eval_curve(str(run_dir)), step_counts(run_dir)
+        wall[arm] = run_seconds(run_dir)
     budget = min(max(p["rl_s"] for p in c) for c in curves.values())
     lines = [f"**{task}** (`{recipe}`, {' '.join(common)})", "",
-             "| arm | learner steps | steps with signal | groups sampled | groups trained (with signal) | ended | whole command s |",
+             "| arm | learner steps | steps with signal | groups sampled | groups trained (with signal) | ended | run s |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for arm in ARMS:
         n = counts[arm]
@@ -91,26 +103,28 @@ def main() -> None:
     ap.add_argument("--tiny-eval-every", type=int, default=20)
     ap.add_argument("--smol-steps", type=int, default=20)
     ap.add_argument("--out", default="runs/bench_refill")
+    ap.add_argument("--reuse", action="store_true", help="read arms (and the SmolLM2 SFT stage) already finished under --out instead of running them again")
     ap.add_argument("--write", action="store_true", help="write the results into benchmarks/RESULTS.md")
     args = ap.parse_args()
     started = time.time()
     out = ROOT / args.out
     lines = [run_header(started), "", "Same seed and seeded sampling in both arms; they differ only in `algo.dynamic_sampling`. "
-             "RL s: the loop's wall-clock without evaluation time.", ""]
+             "RL s: the loop's wall-clock without evaluation time; run s: first to last record of the run's metrics.jsonl.", ""]
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if "main" in tasks:
         sft = ROOT / args.tiny_sft
         if not (sft / "config.json").is_file():
             print(f"no SFT checkpoint at {sft}: running tiny_calc's SFT stage", flush=True)
-            agentrl_train("recipes/tiny_calc.toml", out / "tiny_sft", ['mode="sft"'])
+            agentrl_train("recipes/tiny_calc.toml", out / "tiny_sft", ['mode="sft"'], fresh=False)
             sft = out / "tiny_sft" / "sft"
         lines += compare("main", "recipes/tiny_calc.toml", out, [
-            f'model.path="{sft}"', "sft.steps=0", f"learner.max_steps={args.tiny_steps}", f"eval.every_steps={args.tiny_eval_every}"])
+            f'model.path="{sft}"', "sft.steps=0", f"learner.max_steps={args.tiny_steps}", f"eval.every_steps={args.tiny_eval_every}"], args.reuse)
     if "smol" in tasks:
-        print("smol: SFT stage", flush=True)
-        agentrl_train("recipes/smol_calc.toml", out / "smol_sft", ['mode="sft"'])
+        if not (out / "smol_sft" / "sft" / "config.json").is_file() or not args.reuse:
+            print("smol: SFT stage", flush=True)
+            agentrl_train("recipes/smol_calc.toml", out / "smol_sft", ['mode="sft"'], fresh=False)
         lines += compare("smol", "recipes/smol_calc.toml", out, [
-            f'model.path="{out / "smol_sft" / "sft"}"', "sft.steps=0", f"learner.max_steps={args.smol_steps}"])
+            f'model.path="{out / "smol_sft" / "sft"}"', "sft.steps=0", f"learner.max_steps={args.smol_steps}"], args.reuse)
     emit("\n".join(lines), "refill", args.write, section="Dynamic sampling with refill")
 
 
