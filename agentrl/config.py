@@ -539,6 +539,10 @@ class CriticConfig(_Section):
     """Pin each critic rank to these CPU cores (as ``learner.cpu_affinity``); None: not pinned."""
     timeout_s: float = Field(900.0, gt=0)
     """Longest wait for one critic call (values, a training step, a checkpoint), seconds."""
+    activation_checkpointing: bool | None = None
+    """Recompute each decoder layer's activations in the critic's backward pass (as
+    ``learner.activation_checkpointing``); None: the learner's setting. The critic's precision
+    is the learner's: ``model.dtype = "bfloat16"`` on GPU is mixed precision for both."""
 
 
 class SftConfig(_Section):

@@ -180,6 +180,10 @@ def critic_kwargs(recipe: Recipe, *, model: str) -> dict[str, Any]:
         "torch_threads": c.torch_threads,
         "timeout_s": c.timeout_s,
         "seed": r.seed,
+        "dtype": r.model.dtype,
+        "activation_checkpointing": (
+            r.learner.activation_checkpointing if c.activation_checkpointing is None else c.activation_checkpointing
+        ),
     }
 
 

@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from agentrl.algos.value_loss import clipped_value_loss
 from agentrl.engine.training.fsdp_rank import FsdpRank
+from agentrl.engine.training import model_setup
 from agentrl.engine.training.padded import PaddedBatch
 from agentrl.errors import ConfigError, LearnerError
 
@@ -55,7 +56,8 @@ class ValueModel(torch.nn.Module):
         """Values of the positions ``select`` (``[B, T-1]``, about tokens ``1..T-1``), flat ``[N]``:
         the head applied to the hidden state of the position before each selected token."""
         hidden = self.trunk(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]
-        return self.head(hidden[select].float()).squeeze(-1).clone()  # not a view: FSDP's backward hook
+        head_in = hidden[select].to(self.head.weight.dtype)  # bfloat16 under mixed precision
+        return self.head(head_in).float().squeeze(-1).clone()  # not a view: FSDP's backward hook
 
 
 class _ValueBatch(PaddedBatch):
@@ -77,7 +79,9 @@ class Critic(FsdpRank):
     :func:`~agentrl.algos.value_loss.clipped_value_loss`'s clip (None: plain squared error);
     ``updates_per_batch``: optimizer updates per batch (contiguous mini-batches);
     ``micro_batch_tokens``: padded tokens per forward pass; ``timeout_s``: the process group's
-    collective timeout.
+    collective timeout; ``dtype`` and ``activation_checkpointing``: as the learner's (the
+    recipe's ``model.dtype``; bfloat16 on GPU is mixed precision, see
+    :func:`~agentrl.engine.training.model_setup.mixed_precision`).
     """
 
     role = "critic"
@@ -100,6 +104,8 @@ class Critic(FsdpRank):
         torch_threads: int = 1,
         timeout_s: float = 900.0,
         seed: int = 0,
+        dtype: str = "float32",
+        activation_checkpointing: bool = False,
     ) -> None:
         if value_clip is not None and value_clip <= 0:
             raise ConfigError(f"critic: value_clip must be > 0 or None, got {value_clip}")
@@ -109,24 +115,40 @@ class Critic(FsdpRank):
             micro_batch_tokens=micro_batch_tokens, torch_threads=torch_threads, timeout_s=timeout_s, seed=seed,
         )
         self.value_clip = value_clip
+        self.dtype = getattr(torch, dtype)
+        self.activation_checkpointing = activation_checkpointing
         self.model: ValueModel | Any = None
 
     def setup(self) -> dict[str, Any]:
-        """Join the critic's process group, build and shard the value model, build AdamW."""
-        from agentrl.models.loading import load_causal_lm
-
+        """Join the critic's process group, build and shard the value model (with more than one
+        rank: on the meta device, broadcast from rank 0; in the learner's precision and with its
+        activation checkpointing, :mod:`~agentrl.engine.training.model_setup`), build AdamW."""
         backend = self.join_group()
-        with self.leave_group_on_failure():
-            lm = load_causal_lm(self.model_name, dtype=torch.float32)
-            model = ValueModel(lm)
-            del lm  # the output projection is not needed
-            model.to(self.device)
+        mp = model_setup.mixed_precision(self.dtype, self.device)
+
+        def make(lm: Any) -> ValueModel:
+            model = ValueModel(lm)  # the output projection is dropped with lm
             model.config.use_cache = False
-            self.shard(model, model.trunk)
+            if self.activation_checkpointing:
+                model_setup.checkpoint_activations(model.trunk)
+            return model
+
+        with self.leave_group_on_failure():
+            model = model_setup.load_sharded(
+                self.model_name, rank=self.rank, world_size=self.world_size, device=self.device, dtype=torch.float32,
+                make=make, role=self.role,
+                shard=lambda m: self.shard(m, m.trunk, **({"mp_policy": mp} if mp is not None else {})),
+            )
         self.model = model
         self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
         self.build_optimizer()
-        return {**self.identity(), "backend": backend, "parameters": sum(p.numel() for p in model.parameters())}
+        return {
+            **self.identity(),
+            "backend": backend,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "mixed_precision": str(self.dtype) if mp is not None else "off",
+            "activation_checkpointing": self.activation_checkpointing,
+        }
 
     # ------------------------------------------------------------------ FsdpRank's hooks
     def trained_module(self) -> Any:

@@ -45,6 +45,7 @@ from agentrl.algos import STAT_KEYS, ObjectiveSettings, policy_loss
 from agentrl.engine.common.audit import AuditLog, prompt_sha1
 from agentrl.engine.training.fsdp_rank import FsdpRank
 from agentrl.engine.training.lora import LoraSettings, apply_lora
+from agentrl.engine.training import model_setup
 from agentrl.engine.training.padded import PaddedBatch
 from agentrl.engine.common.cluster import current_node_id
 from agentrl.engine.common.run_dir import version_folder
@@ -230,45 +231,60 @@ class Learner(FsdpRank):
     # ------------------------------------------------------------------ set-up
     def setup(self) -> dict[str, Any]:
         """Join the process group, load and shard the model (and the reference model when the
-        objective has a KL term), build AdamW and the LR schedule."""
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-
+        objective has a KL term), build AdamW and the LR schedule. With more than one rank the
+        models are built on the meta device and broadcast from rank 0
+        (:func:`~agentrl.engine.training.model_setup.load_sharded`); the precision comes from
+        :func:`~agentrl.engine.training.model_setup.mixed_precision`, as the critic's does."""
         from agentrl.engine.training.logprobs import PolicyModel
-        from agentrl.models.loading import load_causal_lm
 
-        on_gpu = torch.cuda.is_available()
         backend = self.join_group()
         # bfloat16 on GPU: mixed precision. float16 would need loss scaling; it trains in float32.
-        mixed = on_gpu and self.dtype == torch.bfloat16
-        mp = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32) if mixed else MixedPrecisionPolicy()
+        mp = model_setup.mixed_precision(self.dtype, self.device)
+        mixed = mp is not None
 
-        def build(name: str, dtype: torch.dtype, trainable: bool) -> Any:
-            lm = load_causal_lm(name, dtype=dtype)
-            lm.to(self.device)
-            lm.config.use_cache = False
-            if trainable and self.lora is not None:
-                self.peft = apply_lora(lm, self.lora, name)  # lm now holds the adapter layers
-            policy = PolicyModel(lm, self.temperature)
-            diff = policy.check_against_full_logits(int(lm.config.vocab_size))
-            if diff > (1e-3 if dtype == torch.float32 else 5e-2):  # half precision: matmul tiling differs
-                raise LearnerError(
-                    f"{name}: chunked log-probs differ from the model's own logits by {diff:.3g}; the model "
-                    "transforms its logits after the output projection, which the learner does not support"
-                )
-            if trainable and self.activation_checkpointing:
-                lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            if not trainable:
-                policy.requires_grad_(False)
-            self.shard(policy, lm, mp_policy=mp if trainable else MixedPrecisionPolicy())
+        def build(name: str, trainable: bool) -> Any:
+            peft: list[Any] = []
+
+            def make(lm: Any) -> Any:
+                lm.config.use_cache = False
+                if trainable and self.lora is not None:
+                    peft.append(apply_lora(lm, self.lora, name))  # lm now holds the adapter layers
+                policy = PolicyModel(lm, self.temperature)
+                if trainable and self.activation_checkpointing:
+                    model_setup.checkpoint_activations(lm)
+                if not trainable:
+                    policy.requires_grad_(False)
+                return policy
+
+            def check(policy: Any) -> None:
+                lm = policy.lm
+                diff = policy.check_against_full_logits(int(lm.config.vocab_size))
+                low = next(lm.parameters()).dtype != torch.float32
+                if diff > (5e-2 if low else 1e-3):  # half precision: matmul tiling differs
+                    raise LearnerError(
+                        f"{name}: chunked log-probs differ from the model's own logits by {diff:.3g}; the model "
+                        "transforms its logits after the output projection, which the learner does not support"
+                    )
+
+            # trained: float32 master weights, except a LoRA base, which is frozen; frozen models
+            # (a LoRA base, the KL reference) stay in the compute dtype
+            dtype = model_setup.frozen_dtype(mp) if (not trainable or self.lora is not None) else torch.float32
+            policy = model_setup.load_sharded(
+                name, rank=self.rank, world_size=self.world_size, device=self.device, dtype=dtype, make=make,
+                check=check, role=self.role,
+                shard=lambda m: self.shard(m, m.lm, **({"mp_policy": mp} if trainable and mp is not None else {})),
+            )
+            if peft:
+                self.peft = peft[-1]  # the sharded model's (rank 0 also wrapped the model it loaded)
             return policy
 
         with self.leave_group_on_failure():  # a model or adapter that cannot be built
-            self.policy = build(self.model_name, torch.float32, True)  # float32 master weights
-        if self.objective.kl_coef > 0 and self.peft is not None:
-            self.reference = _AdapterOff(self.policy, self.peft)  # the base model: the same weights, adapter off
-        elif self.objective.kl_coef > 0:
-            self.reference = build(self.reference_name, self.dtype if mixed else torch.float32, False)
-            self.reference.eval()
+            self.policy = build(self.model_name, True)
+            if self.objective.kl_coef > 0 and self.peft is not None:
+                self.reference = _AdapterOff(self.policy, self.peft)  # the base model: the same weights, adapter off
+            elif self.objective.kl_coef > 0:
+                self.reference = build(self.reference_name, False)
+                self.reference.eval()
         self.config = self.policy.lm.config
         self.generation_config = getattr(self.policy.lm, "generation_config", None)
         """The model's generation config (EOS ids of the chat template), written beside every
