@@ -168,8 +168,13 @@ def _eval(args: argparse.Namespace, hooks: Sequence[Any] = ()) -> int:
         print()
         print(render_episode(record, i, len(episodes)))
     run_dir = recipe.resolved_run_dir()
-    print(f"\n{len(episodes)} episode{'s' if len(episodes) != 1 else ''} shown (of {args.show} asked); all in {path}; "
-          f"`agentrl report {run_dir}` shows them in its trajectory browser")
+    from agentrl.report import write_report
+
+    try:
+        browser = f"in the trajectory browser of {write_report(run_dir) / 'index.html'}"
+    except AgentRLError as exc:  # no metrics to report on: say so, the episodes were shown
+        browser = f"no report written ({exc}); `agentrl report {run_dir}` writes one"
+    print(f"\n{len(episodes)} episode{'s' if len(episodes) != 1 else ''} shown (of {args.show} asked); all in {path}, and {browser}")
     return status
 
 

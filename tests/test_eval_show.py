@@ -69,6 +69,8 @@ def test_show_evaluates_at_least_n_rows_writes_n_and_prints_them(tmp_path, monke
 
     def fake_train(args, hooks=()):
         seen["overrides"] = list(args.overrides)
+        (run_dir / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "time": 3.0, "version": 0, "accuracy": 0.4,
+                                                           "tool_call_rate": 1.0, "turns_mean": 2.0, "episodes": 5.0}) + "\n")
         with (run_dir / "eval_samples.jsonl").open("a") as f:
             for i in range(5):
                 f.write(json.dumps(_record(reward=float(i))) + "\n")
@@ -86,7 +88,9 @@ def test_show_evaluates_at_least_n_rows_writes_n_and_prints_them(tmp_path, monke
     headers = [line for line in out.splitlines() if line.startswith("── episode")]
     assert headers == [f"── episode {i + 1} of {show} · reward {float(i):.3f} · ok · 2 turns, 1 tool call ──" for i in range(show)]
     assert "from an earlier run" not in out  # the earlier run's episodes are not this evaluation's
-    assert f"agentrl report {run_dir}" in out.splitlines()[-1]
+    # and in the report's trajectory browser, written for them
+    assert out.splitlines()[-1].endswith(f"and in the trajectory browser of {run_dir / 'report' / 'index.html'}")
+    assert "Compute 12*34+5." in (run_dir / "report" / "index.html").read_text()
 
 
 def test_a_checkpoint_is_evaluated_in_place_of_the_recipes_model(tmp_path, monkeypatch):
@@ -129,3 +133,18 @@ def test_the_evaluator_writes_as_many_decoded_episodes_as_asked_with_turns_and_t
     assert all(e["turns"] == 2 and e["tool_calls"] == 1 and e["text"] and e["spans"] for e in episodes), episodes
     shown = render_episode(episodes[0], 1, 5)
     assert "assistant  ▶ tool call: <code>3+4</code>" in shown and "assistant  \\boxed{7}" in shown, shown
+
+
+def test_without_metrics_to_report_on_the_episodes_are_still_shown_and_the_report_is_said_missing(tmp_path, monkeypatch, capsys):
+    run_dir = tmp_path / "run"
+
+    def fake_train(args, hooks=()):
+        run_dir.mkdir()
+        (run_dir / "eval_samples.jsonl").write_text(json.dumps(_record()) + "\n")
+        return 0
+
+    monkeypatch.setattr(cli, "_train", fake_train)
+    assert cli.main(["eval", str(REPO / "recipes" / "tiny_calc.toml"), "--show", "1", "--set", f"run_dir='{run_dir}'"]) == 0
+    out = capsys.readouterr().out
+    assert "── episode 1 of 1 · reward 1.000 · ok" in out
+    assert f"no report written ({run_dir / 'metrics.jsonl'}: no metrics" in out.splitlines()[-1], out

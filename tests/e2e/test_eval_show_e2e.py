@@ -39,4 +39,4 @@ def test_eval_show_prints_n_episodes_turn_by_turn(tmp_path, tiny_calc_model):
     assert all(r[:2] == ["system", "user"] for r in roles), out  # the prompt as the model saw it
     assert any("assistant" in r for r in roles), out  # then the model's turns (an untrained model may write nothing)
     assert "Compute" in blocks[0]  # the row's question, as the model saw it
-    assert f"agentrl report {run_dir}" in out.splitlines()[-1]
+    assert out.splitlines()[-1].endswith(f"and in the trajectory browser of {run_dir / 'report' / 'index.html'}")
