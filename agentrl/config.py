@@ -543,6 +543,10 @@ class CriticConfig(_Section):
     """Recompute each decoder layer's activations in the critic's backward pass (as
     ``learner.activation_checkpointing``); None: the learner's setting. The critic's precision
     is the learner's: ``model.dtype = "bfloat16"`` on GPU is mixed precision for both."""
+    allow_cpu: bool = False
+    """Train the critic on the CPU (``num_gpus = 0``) although the learner has GPUs: the whole
+    value model in float32 on the CPU, far slower than the learner. Without it such a recipe is
+    refused."""
 
 
 class SftConfig(_Section):
@@ -916,6 +920,17 @@ class Recipe(_Section):
     def critic_settings(self) -> CriticConfig:
         """The ``[critic]`` section in force (its defaults when absent)."""
         return self.critic if self.critic is not None else CriticConfig()
+
+    @model_validator(mode="after")
+    def _check_critic_device(self) -> "Recipe":
+        c = self.critic_settings
+        if self.algo.advantage == "gae" and self.learner.num_gpus > 0 and c.num_gpus == 0 and not c.allow_cpu:
+            raise ValueError(
+                f"critic.num_gpus = 0 beside a GPU learner (learner.num_gpus = {self.learner.num_gpus:g}): the critic "
+                "would train the whole value model in float32 on the CPU, far slower than the learner; give it GPUs "
+                "(critic.num_gpus = 1 per critic rank) or ask for a CPU critic with critic.allow_cpu = true"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_reward(self) -> "Recipe":

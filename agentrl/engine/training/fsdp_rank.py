@@ -129,14 +129,16 @@ class FsdpRank(abc.ABC):
 
     # ------------------------------------------------------------------ set-up
     def join_group(self) -> str:
-        """Seed torch, set its threads on CPU and join the group's process group; returns the
-        backend (``gloo``, or the device-mapped NCCL one on GPU) and sets ``self.device``."""
+        """Seed torch, join the group's process group and, when the rank computes on the CPU, set
+        torch's threads; returns the backend (``gloo``, or the device-mapped NCCL one on GPU) and
+        sets ``self.device``. The device decides, not ``torch.cuda.is_available()``: a rank Ray
+        gave no GPU on a GPU node (a CPU critic) computes on the CPU and keeps to its threads."""
         torch.manual_seed(self.seed)
-        if not torch.cuda.is_available():
-            torch.set_num_threads(self.torch_threads)
         backend, self.device = join_process_group(
             self.rank, self.world_size, self.master_addr, self.master_port, self.timeout_s, self.role
         )
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.torch_threads)
         return backend
 
     def shard(self, root: torch.nn.Module, layers_of: torch.nn.Module, **fsdp: Any) -> None:

@@ -111,3 +111,35 @@ def test_a_lora_base_stays_in_the_compute_dtype_and_the_adapter_trains_in_float3
         assert metrics["trained_tokens"] > 0 and metrics["grad_norm"] > 0
     finally:
         learner.shutdown()
+
+
+def test_a_rank_on_the_cpu_of_a_gpu_node_keeps_to_its_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A critic rank Ray gave no GPU, on a node where CUDA is visible, computes on the CPU: it
+    must use its ``torch_threads``, not every core (the device decides, not CUDA's presence)."""
+    from agentrl.engine.common.devices import DeviceChoice
+    from agentrl.engine.training import devices
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(devices, "resolve_device", lambda: DeviceChoice(
+        on_gpu=False, cuda_index=0, cuda_visible=True, reason="a Ray actor given no GPU"))
+    before = torch.get_num_threads()
+    want = 1 if before != 1 else 2
+    critic = Critic(rank=0, world_size=1, master_addr="127.0.0.1", master_port=free_port(), model="unused", torch_threads=want)
+    try:
+        assert critic.join_group() == "gloo" and critic.device.type == "cpu"
+        assert torch.get_num_threads() == want
+    finally:
+        critic.shutdown()
+        torch.set_num_threads(before)
+
+
+def test_a_gpu_learner_with_a_cpu_critic_is_refused_unless_asked_for() -> None:
+    from agentrl.errors import ConfigError
+    from tests.engine.test_wiring import recipe
+
+    with pytest.raises(ConfigError, match=r"critic.num_gpus = 0 beside a GPU learner \(learner.num_gpus = 1\).*critic.allow_cpu = true"):
+        recipe(algo={"advantage": "gae"}, learner={"num_gpus": 1})
+    recipe(algo={"advantage": "gae"}, learner={"num_gpus": 1}, critic={"allow_cpu": True})  # asked for explicitly
+    recipe(algo={"advantage": "gae"}, learner={"num_gpus": 1}, critic={"num_gpus": 1})
+    recipe(algo={"advantage": "gae"})  # everything on the CPU
+    recipe(learner={"num_gpus": 1})  # no critic
