@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import socket
+import time
 from typing import Any
 
 import pytest
@@ -241,6 +242,10 @@ def test_on_a_real_ray_more_gpus_than_the_cluster_has_is_an_infra_error_and_free
         LearnerPlacement(learner_bundles(3, 0.1, 2, {}), timeout_s=300)  # 6 GPUs of 4: refused at once
     after = {g for g, t in placement_group_table().items() if t["state"] != "REMOVED"}
     assert after == before
+    # every GPU free again (an earlier test's killed actors give theirs back asynchronously)
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("GPU") != 4.0 and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert ray.available_resources().get("GPU") == 4.0
 
 
