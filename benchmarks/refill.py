@@ -34,6 +34,8 @@ from _measure import agentrl_train, emit, eval_curve, run_header
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("off", "refill")
+FAILED = "FAILED"
+"""The file in an arm's run directory that says how a run that stopped with an error ended."""
 
 
 def step_counts(run_dir: Path) -> dict[str, float]:
@@ -51,9 +53,25 @@ def step_counts(run_dir: Path) -> dict[str, float]:
         out["groups_trained"] += groups
         out["groups_signal"] += signal
         out["groups_sampled"] += int(r.get("groups_sampled", groups + int(r.get("zero_variance_groups_dropped", 0))))
-    summary = json.loads((run_dir / "summary.json").read_text())
-    out["status"] = f"early: {summary['ended_early']}" if summary.get("ended_early") else "max_steps"
+    failed = run_dir / FAILED
+    if failed.is_file():
+        out["status"] = failed.read_text().strip()
+    else:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        out["status"] = f"early: {summary['ended_early']}" if summary.get("ended_early") else "max_steps"
     return out
+
+
+def train_arm(recipe: str, run_dir: Path, overrides: list[str]) -> None:
+    """Run one arm; a run that stops with an error (a degenerate run, for one) is a result too:
+    its last ``agentrl: error:`` line goes into ``RUN_DIR/FAILED`` and its records are read as they are."""
+    (run_dir / FAILED).unlink(missing_ok=True)
+    try:
+        agentrl_train(recipe, run_dir, overrides)
+    except SystemExit:
+        log = Path(f"{run_dir}.log").read_text().splitlines()
+        said = [line for line in log if line.startswith("agentrl: error:")]
+        (run_dir / FAILED).write_text(f"exit 2: {said[-1][len('agentrl: error: '):] if said else 'see ' + str(run_dir) + '.log'}\n")
 
 
 def run_seconds(run_dir: Path) -> float:
@@ -69,11 +87,11 @@ def compare(task: str, recipe: str, out: Path, common: list[str], reuse: bool) -
     curves, counts, wall = {}, {}, {}
     for arm in ARMS:
         run_dir = out / f"{task}_{arm}"
-        if reuse and (run_dir / "final" / "config.json").is_file():
+        if reuse and ((run_dir / "final" / "config.json").is_file() or (run_dir / FAILED).is_file()):
             print(f"{task} / {arm}: reusing the finished run in {run_dir}", flush=True)
         else:
             print(f"{task} / {arm}: {recipe}", flush=True)
-            agentrl_train(recipe, run_dir, [*common, f'algo.dynamic_sampling="{arm}"'])
+            train_arm(recipe, run_dir, [*common, f'algo.dynamic_sampling="{arm}"'])
         curves[arm], counts[arm] = eval_curve(str(run_dir)), step_counts(run_dir)
         wall[arm] = run_seconds(run_dir)
     budget = min(max(p["rl_s"] for p in c) for c in curves.values())

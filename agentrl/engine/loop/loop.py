@@ -12,7 +12,10 @@ signal (:mod:`agentrl.engine.loop.staleness`); the loop records them in the ledg
 ``audit/set_aside.jsonl`` and in the step's line of ``trained.jsonl``. A batch that comes out
 empty because every group sampled for it within the budget was *solved* ends the run early, as
 a success (:attr:`RLLoop.ended_early`); an empty batch for any other reason is a step that holds
-the weights (``hold_step``) and is diagnosed as degenerate.
+the weights (``hold_step``) and is diagnosed as degenerate. Without refill, a run stopped by
+``learner.max_degenerate_steps`` whose degenerate steps were all *solved* (every group at the
+solved reward) ends early as a success too; any other run of degenerate steps is a
+:class:`~agentrl.errors.DegenerateRun`.
 
 Everything the loop touches is injected: the queue, the ledger, the fleet, the publisher, the
 learner group, a clock and *hooks* — objects whose ``on_round(loop)`` and ``after_step(loop)``
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agentrl.engine.common.audit import AuditLog, set_aside_audit_path
-from agentrl.engine.loop.batching import FAILED, SOLVED, BatchSettings, batch_samples, staleness_histogram
+from agentrl.engine.loop.batching import FAILED, SOLVED, BatchSettings, batch_samples, no_signal_reason, staleness_histogram
 from agentrl.engine.loop.critic_stage import CriticStage
 from agentrl.engine.loop.degenerate import diagnose_step
 from agentrl.engine.generation.fleet import GeneratorFleet
@@ -142,9 +145,11 @@ class RLLoop:
         self.pending: dict[asyncio.Future, int] = {}
         """Groups in flight: future → ledger key."""
         self.learner_busy_s = 0.0
+        """Seconds the learner spent training and publishing."""
         self.degenerate_in_a_row = 0
         """Degenerate steps (:mod:`agentrl.engine.loop.degenerate`) in a row, up to now."""
-        """Seconds the learner spent training and publishing."""
+        self.solved_in_a_row = 0
+        """Of those, the steps in a row whose every group was solved (all episodes at the solved reward)."""
         self._tickets = itertools.count()
         self._worker_turn = itertools.count()
         self._train_task: asyncio.Future | None = None
@@ -170,7 +175,7 @@ class RLLoop:
         self._gen_tokens_at_start = self.ledger.gen_tokens
         self.log.event(f"RL loop started at version {self.version}", loop_start=True, step=self.version)
         try:
-            while self.version < s.max_steps:
+            while self.version < s.max_steps and not self.ended_early:
                 loaded = self.fleet.loaded_version()
                 if loaded is not None and self.queue.served_version < loaded:
                     self.queue.serve(loaded)  # the generators serve it: admit more samples
@@ -275,6 +280,7 @@ class RLLoop:
         the generators are still loading it when this returns)."""
         hist = staleness_histogram(batch, version)
         samples, stats = batch_samples(batch, self.batch)
+        stats["solved_groups"] = sum(no_signal_reason(g, self.batch) == SOLVED for g in batch if g)
         if self.settings.sleep_level:  # colocated on GPUs: the learner gets the devices' memory
             slept = await self.fleet.sleep(self.settings.sleep_level)
             stats["generator_sleep_s"] = max(slept) if slept else 0.0
@@ -321,6 +327,8 @@ class RLLoop:
         stats.update(self._sampling_metrics(stats))
         problem = diagnose_step(stats, max_episode_tokens=s.max_episode_tokens)
         self.degenerate_in_a_row = self.degenerate_in_a_row + 1 if problem else 0
+        all_solved = bool(problem) and 0 < stats.get("groups", 0) == stats.get("solved_groups", 0)
+        self.solved_in_a_row = self.solved_in_a_row + 1 if all_solved else 0
         if problem:
             self.log.warning(f"step {version} is degenerate: {problem}", degenerate=problem, step=version)
         with self.run_dir.samples.open("a") as f:  # a few decoded episodes, for reading
@@ -350,6 +358,15 @@ class RLLoop:
             degenerate=1.0 if problem else 0.0,
         )
         if problem and s.max_degenerate_steps and self.degenerate_in_a_row >= s.max_degenerate_steps:
+            if self.solved_in_a_row >= self.degenerate_in_a_row:  # every group of those steps solved
+                self.ended_early = (
+                    f"the model solves every training prompt sampled for the last {self.solved_in_a_row} steps (every episode "
+                    f"earned at least {self.batch.solved_reward:g}, so no group had a learning signal; "
+                    f"learner.max_degenerate_steps={s.max_degenerate_steps}): the task is mastered, the run ends at step "
+                    f"{version} of {s.max_steps}"
+                )
+                self.log.event(self.ended_early, mastered=True, step=version)
+                return
             raise DegenerateRun(
                 f"stopped after {self.degenerate_in_a_row} degenerate steps in a row (learner.max_degenerate_steps="
                 f"{s.max_degenerate_steps}, 0 never stops): {problem}"

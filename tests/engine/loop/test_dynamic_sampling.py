@@ -225,6 +225,27 @@ def test_every_group_failed_stays_a_warning_then_a_stop_with_advice(tmp_path):
     assert first["groups"] == 0 and first["groups_sampled"] == first["set_aside_failed"] >= 6 and first["groups_refilled"] == 4
 
 
+def test_without_refill_degenerate_steps_that_all_solved_end_the_run_as_a_success(tmp_path):
+    """Under ``off`` a mastered task is trained on zero advantages until ``max_degenerate_steps``;
+    then the run ends early (not a DegenerateRun) when every group of those steps was solved."""
+    rows = [VARY] * 6 + [SOLVE] * 200
+    run = FakeRun(tmp_path, rows=rows, max_steps=50, max_degenerate_steps=3, worker=REWARD)
+    loop = asyncio.run(run.run())
+    assert 3 < loop.version < 50
+    recorded = steps(run)
+    assert [s["degenerate"] for s in recorded[-3:]] == [1.0, 1.0, 1.0] and len(recorded) == loop.version
+    assert all(s["solved_groups"] == s["groups"] > 0 for s in recorded[-3:])
+    assert loop.ended_early.startswith("the model solves every training prompt sampled for the last 3 steps"), loop.ended_early
+    assert f"the run ends at step {loop.version} of 50" in loop.ended_early
+
+
+def test_without_refill_degenerate_steps_with_a_failed_group_stay_a_degenerate_run(tmp_path):
+    rows = [SOLVE, SOLVE, FAIL, FAIL] * 50  # every step holds solved and failed groups: nothing to learn, not mastered
+    run = FakeRun(tmp_path, rows=rows, max_steps=50, max_degenerate_steps=3, worker=REWARD)
+    with pytest.raises(DegenerateRun, match="3 degenerate steps in a row"):
+        asyncio.run(run.run())
+
+
 def test_the_recipe_keys(tmp_path):
     def recipe(text: str):
         path = tmp_path / "r.toml"

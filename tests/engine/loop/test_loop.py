@@ -158,8 +158,9 @@ def test_learner_restarts_are_bounded(tmp_path):
 def test_degenerate_steps_are_said_in_words_and_stop_the_run(tmp_path):
     from agentrl.errors import DegenerateRun
 
-    # every group of the fake worker shares its row's reward: no learning signal in any step
-    run = FakeRun(tmp_path, rows=[{"reward": 1.0}] * 40, max_steps=10, max_degenerate_steps=3)
+    # every group of the fake worker shares its row's reward, 0 (all failed; all solved would be a
+    # mastered task, a success): no learning signal in any step
+    run = FakeRun(tmp_path, rows=[{"reward": 0.0}] * 40, max_steps=10, max_degenerate_steps=3)
     with pytest.raises(DegenerateRun, match="3 degenerate steps in a row .*equal rewards"):
         asyncio.run(run.run())
     steps = [r for r in map(json.loads, run.run_dir.metrics.read_text().splitlines()) if r["kind"] == "step"]
