@@ -59,3 +59,27 @@ def test_a_timed_out_remote_call_is_cancelled(ray_local):
     while ray_local.get(actor.counts.remote()) != (1, 3) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert ray_local.get(actor.counts.remote()) == (1, 3)  # the three slow calls were stopped, not left running
+
+
+def test_a_cancelled_wait_on_a_gather_leaves_nothing_for_asyncio_to_print():
+    """A run that ends while a wait on several calls is open (``timed(asyncio.gather(...))``)
+    cancels that wait. The gather then holds a CancelledError that nobody reads, which asyncio
+    printed on the console as a raw "_GatheringFuture exception was never retrieved" traceback."""
+    import gc
+
+    reported: list[str] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: reported.append(ctx["message"]))
+        wait = asyncio.ensure_future(timed(asyncio.gather(asyncio.sleep(10), asyncio.sleep(10)), 30, "two calls"))
+        await asyncio.sleep(0.05)
+        wait.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await wait
+        await asyncio.sleep(0.05)
+        gc.collect()
+        await asyncio.sleep(0.05)
+
+    asyncio.run(main())
+    gc.collect()
+    assert reported == []
