@@ -101,7 +101,7 @@ def compare(task: str, recipe: str, out: Path, common: list[str], reuse: bool) -
     for arm in ARMS:
         n = counts[arm]
         lines.append(f"| {arm} | {n['steps']} | {n['with_signal']} | {n['groups_sampled']} | {n['groups_trained']} ({n['groups_signal']}) "
-                     f"| {n['status']} | {wall[arm]:.0f} |")
+                     f"| {n['status'].split(' (')[0]} | {wall[arm]:.0f} |")
     lines += ["", "| arm | version | RL s | held-out accuracy |", "| --- | --- | --- | --- |"]
     for arm in ARMS:
         lines += [f"| {arm} | {p['version']} | {p['rl_s']:.0f} | {p['accuracy']:.3f} |" for p in curves[arm]]
