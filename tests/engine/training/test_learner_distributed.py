@@ -14,10 +14,10 @@ import os
 from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from agentrl.engine.training.checkpoint import export_checkpoint
+from tests.engine.training.ranks import run_ranks
 from tests.engine.training.test_learner_correctness import free_port, make_learner, make_samples, max_diff
 
 OPTS = dict(lr=1e-3, adam_eps=1e-8, grad_clip=1.0, micro_batch_tokens=64, logprob_chunk_tokens=16, torch_threads=1)
@@ -43,17 +43,8 @@ def _rank_main(rank: int, model: str, port: int, out: str) -> None:
 
 
 def test_two_ranks_match_one_rank(tiny_calc_model, tmp_path):
-    ctx = mp.get_context("spawn")
     port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, str(tiny_calc_model), port, str(tmp_path))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    run_ranks(_rank_main, lambda r: (r, str(tiny_calc_model), port, str(tmp_path)), timeout_s=120)
     two = load_file(str(tmp_path / "published" / "model.safetensors"))
     two_metrics = json.loads((tmp_path / "metrics.json").read_text())
 

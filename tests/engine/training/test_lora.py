@@ -142,23 +142,15 @@ LORA_OPTS = dict(lr=1e-2, adam_eps=1e-8, grad_clip=1.0, micro_batch_tokens=64, l
 def test_two_lora_ranks_match_one_rank_and_checkpoints_export(tiny_calc_model, tmp_path):
     """FSDP2 over two ranks trains the same adapter as one rank; the sharded checkpoint exports
     (one process) to that adapter and to a merged model."""
-    import torch.multiprocessing as mp
     from safetensors.torch import load_file
 
     from agentrl.engine.training.checkpoint import export_checkpoint
+    from tests.engine.training.ranks import run_ranks
     from tests.engine.training.test_learner_correctness import free_port, make_samples
 
     batches = [make_samples(3, seed=20, min_len=40, max_len=60), make_samples(9, seed=21, min_len=6, max_len=40)]
-    ctx = mp.get_context("spawn")
     port = free_port()
-    procs = [ctx.Process(target=_lora_rank_main, args=(r, str(tiny_calc_model), port, str(tmp_path), batches)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=180)
-        if p.is_alive():
-            p.kill()
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    run_ranks(_lora_rank_main, lambda r: (r, str(tiny_calc_model), port, str(tmp_path), batches), timeout_s=180)
     two = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
 
     one = make_learner(str(tiny_calc_model), lora=LORA, **LORA_OPTS)

@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.multiprocessing as mp
-
+from tests.engine.training.ranks import run_ranks
 from tests.engine.training.test_learner_correctness import free_port
 
 LORA = {"rank": 4, "alpha": 8.0}
@@ -125,17 +124,8 @@ def test_two_ranks_build_on_meta_and_get_rank_0s_weights(tiny_calc_model, tmp_pa
     from tests.engine.training.test_learner_correctness import make_learner
 
     big = _bf16_checkpoint(tmp_path / "bf16-model")
-    ctx = mp.get_context("spawn")
     ports = [free_port() for _ in range(4)]
-    procs = [ctx.Process(target=_rank_main, args=(r, str(big), str(tiny_calc_model), ports, str(tmp_path))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=240)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    run_ranks(_rank_main, lambda r: (r, str(big), str(tiny_calc_model), ports, str(tmp_path)), timeout_s=240)
 
     # 0. a model rank 0 cannot load: every rank raises, naming it
     errors = [json.loads(Path(tmp_path, f"report{r}.json").read_text())["error"] for r in range(2)]
