@@ -32,7 +32,7 @@ from agentrl.envs.parsers import (
 )
 from agentrl.envs.rewards import MathReward, MathVerifier, VerifierPool, shared_verifier_pool
 from agentrl.envs.tool_env import MalformedPolicy, ToolEnv
-from agentrl.envs.tools import FunctionTool, PythonSession, PythonTool, Tool, ToolContext, as_tool, function_tool
+from agentrl.envs.tools import FunctionTool, PythonSession, PythonTool, Tool, ToolContext, ToolLimits, as_tool, function_tool
 from agentrl.errors import AgentRLError, ConfigError, EnvError
 from agentrl.registration import BUILTIN_ENVS, register_builtin_envs
 
@@ -47,6 +47,7 @@ __all__ = [
     "MalformedPolicy",
     "Tool",
     "ToolContext",
+    "ToolLimits",
     "FunctionTool",
     "PythonTool",
     "PythonSession",

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from agentrl.envs.base import Message, StepResult, TextEnv
 from agentrl.envs.parsers import ToolCall, ToolCallParser, ToolOutput, get_parser
-from agentrl.envs.tools import PythonSession, PythonTool, Tool, as_tool, truncate_middle
+from agentrl.envs.tools import PythonSession, PythonTool, Tool, ToolLimits, as_tool, truncate_middle
 from agentrl.errors import ConfigError, InfraError, SandboxError, ToolCallError
 
 if TYPE_CHECKING:
@@ -295,6 +295,17 @@ class ToolEnv(TextEnv):
         return messages, reward, False, False, self.make_info("malformed" if bad else "ok")
 
     # ---------------------------------------------------------------- tool context
+
+    @property
+    def limits(self) -> ToolLimits:
+        """The limits of this env's tool calls, from its current ``timeout_s``, ``memory_mb``,
+        ``tool_timeout_s`` and ``deadline_grace_s``."""
+        return ToolLimits(
+            timeout_s=self.timeout_s,
+            memory_mb=self.memory_mb,
+            tool_timeout_s=self.tool_timeout_s,
+            deadline_grace_s=self.deadline_grace_s,
+        )
 
     async def get_sandbox(self) -> Sandbox:
         """The sandbox code runs in: the one passed in, or the env's own (created now if needed).

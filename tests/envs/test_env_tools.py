@@ -10,6 +10,7 @@ from tests.envs.envfakes import FakeResult, FakeSandbox, FakeSessionSandbox, Sub
 from agentrl.envs.tools import (
     FunctionTool,
     PythonTool,
+    ToolLimits,
     as_tool,
     function_tool,
     json_schema,
@@ -167,6 +168,10 @@ class Ctx:
     def __init__(self, sandbox: Any = None) -> None:
         self.sandbox = sandbox or FakeSandbox()
         self.sessions: dict = {}
+
+    @property
+    def limits(self) -> ToolLimits:
+        return ToolLimits(self.timeout_s, self.memory_mb, self.tool_timeout_s, self.deadline_grace_s)
 
     async def get_sandbox(self) -> Any:
         return self.sandbox
