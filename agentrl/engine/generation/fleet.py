@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from agentrl.engine.common.cluster import kill
+from agentrl.engine.common.replacement import EventLog, Replacements, how_dead
 from agentrl.engine.generation.generator import EngineSettings
 from agentrl.engine.common.waits import timed
 from agentrl.errors import GeneratorError
@@ -25,12 +25,6 @@ __all__ = ["EventLog", "GeneratorFactory", "GeneratorFleet", "Reload", "WeightSo
 GeneratorFactory = Callable[[EngineSettings, int, int], Any]
 """``factory(settings, version, index) -> handle``: a generator (not yet started) number
 ``index`` serving ``settings.model`` labelled as weight version ``version``."""
-
-
-class EventLog(Protocol):
-    """Where the engine's parts report what happened (``MetricsLogger`` is one)."""
-
-    def event(self, message: str, **fields: Any) -> Any: ...
 
 
 class WeightSource(Protocol):
@@ -88,6 +82,9 @@ class GeneratorFleet:
         """Versions are LoRA adapters over ``settings.model`` (the base model), not whole models."""
         self._busy_at: dict[int, float] = {}
         self._heal_lock = asyncio.Lock()
+        self.replacements = Replacements(metric="generator_restarts", log=log, error=GeneratorError,
+                                         startup_timeout_s=startup_timeout_s + timeout_s + 60)  # a start, then an adapter load
+        """Generators replaced so far (not bounded)."""
 
     # ------------------------------------------------------------------ start and stop
     async def start(self, version: int) -> list[Any]:
@@ -119,29 +116,31 @@ class GeneratorFleet:
         replaced = 0
         for i, gen in enumerate(list(self.generators)):
             if any(gen is f for f in force):
-                reason = "it failed to load the current weights"
+                reason: str | None = "it failed to load the current weights"
             else:
-                try:
-                    await asyncio.wait_for(gen.stats.remote(), 30)
+                reason = await how_dead(gen, "stats", timeout_s=30)
+                if reason is None:
                     continue
-                except Exception as exc:  # noqa: BLE001 - dead actor, crashed engine, no answer
-                    reason = f"{type(exc).__name__}: {str(exc)[:200]}"
-            kill(gen)
             if self.weights is not None:
                 self.weights.transfer_lost(f"generator {i} replaced")
             on_disk, folder = await self.weights.written_version(version) if self.weights is not None else (0, None)
-            if self.adapters:  # the base model, then the adapter of the newest version
-                new = self.factory(self.settings, 0, i)
-                await timed(new.start.remote(), self.startup_timeout_s, f"restarting generator {i}", GeneratorError)
-                if folder is not None:
-                    await timed(new.update_weights.remote(on_disk, str(folder)), self.timeout_s + 30, f"loading adapter {on_disk} into generator {i}", GeneratorError)
-            else:
+
+            async def start(i: int = i, on_disk: int = on_disk, folder: Path | None = folder) -> Any:
+                if self.adapters:  # the base model, then the adapter of the newest version
+                    new = self.factory(self.settings, 0, i)
+                    await timed(new.start.remote(), self.startup_timeout_s, f"restarting generator {i}", GeneratorError)
+                    if folder is not None:
+                        await timed(new.update_weights.remote(on_disk, str(folder)), self.timeout_s + 30, f"loading adapter {on_disk} into generator {i}", GeneratorError)
+                    return new
                 settings = replace(self.settings, model=str(folder)) if folder is not None else self.settings
                 new = self.factory(settings, on_disk, i)
                 await timed(new.start.remote(), self.startup_timeout_s, f"restarting generator {i}", GeneratorError)
-            self.generators[i] = new
+                return new
+
+            self.generators[i] = await self.replacements.replace(
+                f"generator {i}", gen, reason, start, said=f"generator {i} restarted at version {on_disk} ({reason})"
+            )
             replaced += 1
-            self.log.event(f"generator {i} restarted at version {on_disk} ({reason})", generator_restarts=1)
         if replaced:
             await asyncio.gather(*[w.set_generators.remote(self.generators) for w in self.workers])
         return replaced

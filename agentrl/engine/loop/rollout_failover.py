@@ -25,21 +25,19 @@ naming the setting.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from agentrl.engine.common.cluster import actor_died, kill
-from agentrl.engine.generation.fleet import EventLog
-from agentrl.engine.common.waits import timed
+from agentrl.engine.common.replacement import ActorSlots, EventLog, Replacements
 from agentrl.errors import InfraError
 
 __all__ = ["RolloutFailover"]
 
 
-class RolloutFailover:
+class RolloutFailover(ActorSlots):
     """Replaces dead rollout workers of ``workers`` (the live list the loop routes groups to,
-    ``GeneratorFleet.workers``), at most ``max_restarts`` times.
+    ``GeneratorFleet.workers``), at most ``max_restarts`` times (the shared machinery:
+    :class:`~agentrl.engine.common.replacement.ActorSlots`).
 
     ``start(index)``: a new worker to take slot ``index``, started and answering (its start-up
     bounded by ``startup_timeout_s``); ``teardown(index)``: release what the dead worker of slot
@@ -51,16 +49,14 @@ class RolloutFailover:
         teardown: Callable[[int], Awaitable[None]] | None = None, ping_timeout_s: float = 30.0,
         startup_timeout_s: float = 300.0,
     ) -> None:
+        super().__init__(
+            name="rollout worker", slots=workers, start=start, teardown=teardown, probe="ping", probe_timeout_s=ping_timeout_s,
+            consequence="its groups in flight are re-issued",
+            replacements=Replacements(metric="rollout_worker_restarts", log=log, max_restarts=max_restarts,
+                                      setting="rollout.max_restarts", error=InfraError, startup_timeout_s=startup_timeout_s),
+        )
         self.workers = workers
-        self.start = start
-        self.teardown = teardown
         self.max_restarts = max_restarts
-        self.log = log
-        self.ping_timeout_s = ping_timeout_s
-        self.startup_timeout_s = startup_timeout_s
-        self.restarts = 0
-        """Replacements done so far."""
-        self._lock = asyncio.Lock()
 
     async def group_lost(self, worker: Any, exc: BaseException) -> bool:
         """A group's call into ``worker`` raised ``exc``: whether ``worker`` is dead (then it is
@@ -70,39 +66,4 @@ class RolloutFailover:
             InfraError: it died and ``max_restarts`` replacements were already made, or its
                 replacement could not be started.
         """
-        async with self._lock:  # one replacement at a time; its other groups find it done
-            slots = self.workers()
-            index = next((i for i, w in enumerate(slots) if w is worker), None)
-            if index is None:
-                return True  # replaced already (or not one of ours any more)
-            how = actor_died(exc)
-            if how is None:
-                try:
-                    await asyncio.wait_for(worker.ping.remote(), self.ping_timeout_s)
-                    return False  # alive: the group failed for its own reasons
-                except Exception as ping_exc:  # noqa: BLE001 - dead actor, no answer
-                    how = actor_died(ping_exc) or f"it does not answer ({type(ping_exc).__name__})"
-            if self.restarts >= self.max_restarts:
-                raise InfraError(
-                    f"rollout worker {index} died ({how}) after {self.restarts} replacements in this run "
-                    f"(rollout.max_restarts = {self.max_restarts}; rerunning the command resumes from the newest checkpoint)"
-                )
-            kill(worker)
-            if self.teardown is not None:
-                await self.teardown(index)
-            try:
-                new = await timed(self.start(index), self.startup_timeout_s, f"replacing rollout worker {index}", InfraError)
-            except InfraError:
-                raise
-            except Exception as start_exc:  # noqa: BLE001 - the new actor failed in its constructor
-                raise InfraError(
-                    f"rollout worker {index} died ({how}) and its replacement failed to start: "
-                    f"{type(start_exc).__name__}: {str(start_exc)[:300]}"
-                ) from start_exc
-            slots[index] = new
-            self.restarts += 1
-            self.log.event(
-                f"rollout worker {index} died ({how}); replaced by a new one, its groups in flight are re-issued",
-                rollout_worker_restarts=1,
-            )
-            return True
+        return await self.lost(worker, exc)
