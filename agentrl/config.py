@@ -89,9 +89,13 @@ class ModelConfig(_Section):
     a ``.gguf`` file (``agentrl model import``). Weights are written in ``dtype``."""
     tiny: TinySpecConfig = TinySpecConfig()
     """Shape of the tiny model when ``build = "tiny"``."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype for generation and training. float32 on CPU keeps generator and learner
-    log-probabilities comparable."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype for generation and training. ``bfloat16`` is mixed precision in the learner
+    (float32 master weights, bfloat16 compute) and bfloat16 in vLLM and in published versions.
+    ``auto`` picks bfloat16 where this hardware runs it fast (a GPU that supports it; a CPU on
+    which a measured bfloat16 matrix product beats float32's) and float32 elsewhere; the run's
+    first lines say which and why (:mod:`agentrl.dtype_plan`). float32 keeps generator and learner
+    log-probabilities closest."""
 
     @model_validator(mode="after")
     def _check_source(self) -> ModelConfig:

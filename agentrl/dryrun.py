@@ -175,6 +175,15 @@ def _placement(recipe: Recipe) -> tuple[str, str]:
     return "ok", "\n".join([first.removeprefix("placement: "), *(f"{'':23}{line.strip()}" for line in rest)])
 
 
+def _dtype(recipe: Recipe) -> tuple[str, str]:
+    """``model.dtype`` resolved as the run resolves it (:mod:`agentrl.dtype_plan`; ``auto`` on a
+    GPU recipe checked on a machine without GPUs is planned for the GPUs)."""
+    from agentrl.dtype_plan import plan_dtype
+
+    plan = plan_dtype(recipe.model.dtype, gpu=recipe.generator.num_gpus > 0 or recipe.learner.num_gpus > 0)
+    return "ok", f"{plan.dtype} ({plan.reason})"
+
+
 def _objective(recipe: Recipe) -> tuple[str, str]:
     """The advantage estimator and, for PPO with GAE, the critic."""
     a = recipe.algo
@@ -238,6 +247,7 @@ def dry_run(recipe: Recipe, echo: Callable[[str], None] = print) -> bool:
         ("sandbox", lambda: _sandbox(recipe)),
         ("resources", lambda: _resources(recipe)),
         ("placement", lambda: _placement(recipe)),
+        ("dtype", lambda: _dtype(recipe)),
     ]
     ok = True
     for name, fn in checks:

@@ -97,6 +97,7 @@ class Controller:
             log.event(start.message)
         log.where_to_look()  # the commands that show the run: TensorBoard's and agentrl report's
         rows = load_rows(r.data.source, split=r.data.split, fields=r.data.fields or None, limit=r.data.limit, seed=r.seed)
+        r = self._choose_dtype(log)
         model = prepare_model(r, rows, log)
         started_ray = start_ray(wiring.ray_init_kwargs(r))
         r = self._place(log)
@@ -154,6 +155,20 @@ class Controller:
             log.close()
             if started_ray:
                 stop_ray()
+
+    def _choose_dtype(self, log: MetricsLogger) -> Recipe:
+        """Resolve ``model.dtype`` (``auto``: :mod:`agentrl.dtype_plan`) before the model is
+        imported or loaded: the recipe in force from here on, its dtype said in the run's first
+        lines."""
+        from agentrl.dtype_plan import plan_dtype
+
+        r = self.recipe
+        plan = plan_dtype(r.model.dtype, gpu=r.generator.num_gpus > 0 or r.learner.num_gpus > 0)
+        if plan.dtype != r.model.dtype:
+            self.recipe = r = r.model_copy(update={"model": r.model.model_copy(update={"dtype": plan.dtype})})
+            self.run_dir.recipe.write_text(json.dumps(r.model_dump(mode="json"), indent=2))
+        log.event(plan.line(), dtype=plan.dtype, dtype_requested=plan.requested)
+        return r
 
     def _place(self, log: MetricsLogger) -> Recipe:
         """Resolve ``[placement]`` on the cluster Ray reports (:mod:`agentrl.placement_plan`): the

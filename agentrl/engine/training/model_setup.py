@@ -1,10 +1,10 @@
 """Building a rank's model: its precision, activation checkpointing, and loading it sharded from
 rank 0. The learner and the critic both build their models here.
 
-- :func:`mixed_precision`: the ``fully_shard`` precision policy. ``bfloat16`` on a CUDA device
-  means mixed precision (float32 master weights and optimizer state, compute in bfloat16,
-  gradients reduced in float32); anywhere else, and for ``float16`` (which would need loss
-  scaling), everything is float32 (on CPU this keeps learner and generator log-probs comparable).
+- :func:`mixed_precision`: the ``fully_shard`` precision policy. ``bfloat16`` means mixed
+  precision on a CUDA device and on the CPU alike (float32 master weights and optimizer state,
+  compute in bfloat16, gradients reduced in float32); ``float16`` (which would need loss
+  scaling) and ``float32`` train in float32 throughout.
 - :func:`checkpoint_activations`: recompute each decoder layer's activations in the backward
   pass (transformers' gradient checkpointing, non-reentrant).
 - :func:`load_sharded`: the model, sharded with FSDP2, without any rank holding a whole float32
@@ -49,11 +49,12 @@ __all__ = ["checkpoint_activations", "frozen_dtype", "load_sharded", "mixed_prec
 
 def mixed_precision(dtype: torch.dtype, device: torch.device) -> Any:
     """The ``MixedPrecisionPolicy`` of a model trained with the recipe's ``dtype`` on
-    ``device``: compute in ``bfloat16``, reduce in float32 when ``dtype`` is bfloat16 and the
-    device is CUDA; None (float32 throughout) otherwise."""
+    ``device`` (a CUDA device or the CPU alike): compute in ``bfloat16``, reduce in float32 when
+    ``dtype`` is bfloat16; None (float32 throughout) otherwise."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    if dtype == torch.bfloat16 and device.type == "cuda":
+    del device  # the same policy on every device: a CPU's bfloat16 units are used as a GPU's
+    if dtype == torch.bfloat16:
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     return None
 

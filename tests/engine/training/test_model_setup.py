@@ -24,24 +24,16 @@ def _mp_policy(module: torch.nn.Module) -> MixedPrecisionPolicy:
     return module._get_fsdp_state()._fsdp_param_group.mp_policy  # type: ignore[operator]
 
 
-def test_mixed_precision_is_bfloat16_on_cuda_only() -> None:
-    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    policy = model_setup.mixed_precision(torch.bfloat16, cuda)
-    assert policy is not None and (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
-    assert model_setup.mixed_precision(torch.bfloat16, cpu) is None
-    assert model_setup.mixed_precision(torch.float16, cuda) is None  # would need loss scaling
-    assert model_setup.mixed_precision(torch.float32, cuda) is None
+def test_mixed_precision_is_bfloat16_compute_and_float32_reductions_on_cuda_and_cpu_alike() -> None:
+    for device in (torch.device("cuda", 0), torch.device("cpu")):
+        policy = model_setup.mixed_precision(torch.bfloat16, device)
+        assert policy is not None and (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
+        assert model_setup.mixed_precision(torch.float16, device) is None  # would need loss scaling
+        assert model_setup.mixed_precision(torch.float32, device) is None
     assert model_setup.frozen_dtype(policy) == torch.bfloat16 and model_setup.frozen_dtype(None) == torch.float32
 
 
-@pytest.fixture
-def as_on_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``model_setup.mixed_precision`` decides as it would on a CUDA device."""
-    real = model_setup.mixed_precision
-    monkeypatch.setattr(model_setup, "mixed_precision", lambda dtype, device: real(dtype, torch.device("cuda", 0)))
-
-
-def test_the_critic_gets_the_learners_mixed_precision_and_checkpointed_layers(tiny_calc_model, as_on_gpu) -> None:
+def test_the_critic_gets_the_learners_mixed_precision_and_checkpointed_layers(tiny_calc_model) -> None:
     critic = Critic(
         rank=0, world_size=1, master_addr="127.0.0.1", master_port=free_port(), model=str(tiny_calc_model),
         micro_batch_tokens=64, seed=0, dtype="bfloat16", activation_checkpointing=True,
@@ -65,7 +57,7 @@ def test_the_critic_gets_the_learners_mixed_precision_and_checkpointed_layers(ti
         critic.shutdown()
 
 
-def test_without_the_options_the_critic_trains_in_float32_without_checkpointing(tiny_calc_model, as_on_gpu) -> None:
+def test_without_the_options_the_critic_trains_in_float32_without_checkpointing(tiny_calc_model) -> None:
     critic = Critic(rank=0, world_size=1, master_addr="127.0.0.1", master_port=free_port(), model=str(tiny_calc_model), seed=0)
     critic.setup()
     try:
@@ -75,7 +67,7 @@ def test_without_the_options_the_critic_trains_in_float32_without_checkpointing(
         critic.shutdown()
 
 
-def test_the_learner_gets_the_same_policy_from_the_same_seam(tiny_calc_model, as_on_gpu) -> None:
+def test_the_learner_gets_the_same_policy_from_the_same_seam(tiny_calc_model) -> None:
     learner = make_learner(str(tiny_calc_model), dtype="bfloat16", activation_checkpointing=True)
     try:
         policy = _mp_policy(learner.policy)
@@ -97,7 +89,7 @@ def test_wiring_gives_the_critic_the_models_dtype_and_the_learners_checkpointing
     assert wiring.critic_kwargs(recipe(algo={"advantage": "gae"}), model="/start")["activation_checkpointing"] is False
 
 
-def test_a_lora_base_stays_in_the_compute_dtype_and_the_adapter_trains_in_float32(tiny_calc_model, as_on_gpu) -> None:
+def test_a_lora_base_stays_in_the_compute_dtype_and_the_adapter_trains_in_float32(tiny_calc_model) -> None:
     from tests.engine.training.test_learner_correctness import make_samples
 
     learner = make_learner(str(tiny_calc_model), dtype="bfloat16", lora={"rank": 4, "alpha": 8.0})
