@@ -116,5 +116,10 @@ def check(recipe: Any, *, dry_run: bool = False, echo: Callable[[str], None] = p
 def evaluate(recipe: Any, checkpoint: str | Path, *, set: Sequence[str] = (), **overrides: Any) -> RunSummary:
     """Held-out metrics of ``checkpoint`` (a Hugging Face folder such as ``RUN_DIR/final``, or a
     hub id) on ``recipe``'s evaluation rows, as ``agentrl eval`` does: ``mode = "eval"``, nothing
-    trained. The metrics are in the summary's run directory (``summary.json``)."""
-    return train(recipe, set=[*set, "mode=eval", f"model.path={str(checkpoint)!r}", "sft.steps=0"], **overrides)
+    trained, in a run directory of its own, ``RUN_DIR/evals/<date-time>/`` (the training run's
+    files are never touched). The metrics are in the summary's run directory (``summary.json``,
+    ``metrics.jsonl``, ``eval_samples.jsonl``)."""
+    from agentrl.engine.common.run_dir import RunDir
+
+    r = load(recipe, set=[*set, "mode=eval", f"model.path={str(checkpoint)!r}", "sft.steps=0"], **overrides)
+    return train(r, run_dir=str(RunDir(r.resolved_run_dir()).new_eval_dir()))

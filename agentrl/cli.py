@@ -6,7 +6,8 @@
           [--fresh | --resume-from RUN_DIR/checkpoints/step_N]
     agentrl check RECIPE [--set section.key=value ...]   validate a recipe without running it
     agentrl eval RECIPE [--checkpoint DIR] [--show N]     held-out metrics of a checkpoint (default: the
-                                                          recipe's model); --show prints N episodes
+                                                          recipe's model) in RUN_DIR/evals/DATE-TIME;
+                                                          --show prints N episodes
     agentrl report RUN_DIR                                plots and a summary of a run
     agentrl export CHECKPOINT_DIR OUT_DIR                 Hugging Face folder of a training checkpoint
     agentrl model init tiny OUT_DIR [--env ID]            build a tiny Qwen2 model + tokenizer
@@ -140,9 +141,16 @@ def _train(args: argparse.Namespace, hooks: Sequence[Any] = ()) -> int:
 
 def _eval(args: argparse.Namespace, hooks: Sequence[Any] = ()) -> int:
     """``agentrl eval``: the recipe in mode eval (nothing trained) on ``--checkpoint`` (default:
-    its own model); with ``--show N``, at least N rows are evaluated and N episodes printed."""
+    its own model); with ``--show N``, at least N rows are evaluated and N episodes printed.
+
+    The evaluation is a run of its own in ``RUN_DIR/evals/<date-time>/`` (RUN_DIR: the recipe's
+    run directory): its summary, metrics, decoded episodes and report go there, and the training
+    run's ``summary.json`` and ``metrics.jsonl`` are never touched. The last line names it."""
     from agentrl.config import load_recipe
+    from agentrl.engine.common.run_dir import RunDir
+    from agentrl.episode_show import read_episodes, render_episode
     from agentrl.errors import ConfigError
+    from agentrl.report import write_report
     from agentrl.user_code import use_user_code
 
     if args.show < 0:
@@ -150,31 +158,33 @@ def _eval(args: argparse.Namespace, hooks: Sequence[Any] = ()) -> int:
     args.overrides = [*args.overrides, "mode=eval", "sft.steps=0"]
     if args.checkpoint is not None:
         args.overrides.append(f"model.path={args.checkpoint!r}")
-    if not args.show:
-        return _train(args, hooks)
-    from agentrl.episode_show import count_lines, read_episodes, render_episode
-
     use_user_code(args.recipe)
     recipe = load_recipe(args.recipe, args.overrides)
-    e = recipe.eval
-    if e.limit and e.limit < args.show:  # 0 in mode eval: every row
-        args.overrides.append(f"eval.limit={args.show}")
-    args.overrides.append(f"eval.samples={max(e.samples, args.show)}")
-    path = recipe.resolved_run_dir() / "eval_samples.jsonl"
-    before = count_lines(path)
-    status = _train(args, hooks)
-    episodes = read_episodes(path, skip=before)[: args.show]
-    for i, record in enumerate(episodes, 1):
-        print()
-        print(render_episode(record, i, len(episodes)))
-    run_dir = recipe.resolved_run_dir()
-    from agentrl.report import write_report
-
+    if args.show:
+        e = recipe.eval
+        if e.limit and e.limit < args.show:  # 0 in mode eval: every row
+            args.overrides.append(f"eval.limit={args.show}")
+        args.overrides.append(f"eval.samples={max(e.samples, args.show)}")
+    out = RunDir(recipe.resolved_run_dir()).new_eval_dir()
+    args.overrides.append(f"run_dir={str(out)!r}")
     try:
-        browser = f"in the trajectory browser of {write_report(run_dir) / 'index.html'}"
-    except AgentRLError as exc:  # no metrics to report on: say so, the episodes were shown
-        browser = f"no report written ({exc}); `agentrl report {run_dir}` writes one"
-    print(f"\n{len(episodes)} episode{'s' if len(episodes) != 1 else ''} shown (of {args.show} asked); all in {path}, and {browser}")
+        status = _train(args, hooks)
+    except BaseException:
+        if not any(out.iterdir()):  # refused before it wrote anything: no empty folder left behind
+            out.rmdir()
+        raise
+    path = RunDir(out).eval_samples
+    if args.show:
+        episodes = read_episodes(path)[: args.show]
+        for i, record in enumerate(episodes, 1):
+            print()
+            print(render_episode(record, i, len(episodes)))
+        print(f"\n{len(episodes)} episode{'s' if len(episodes) != 1 else ''} shown (of {args.show} asked); all in {path}")
+    try:
+        report = f"report (plots, the trajectory browser): {write_report(out) / 'index.html'}"
+    except AgentRLError as exc:  # no metrics to report on: say so (shown episodes were shown)
+        report = f"no report written ({exc}); `agentrl report {out}` writes one"
+    print(f"evaluation written to {out} (summary.json, metrics.jsonl, eval_samples.jsonl); {report}")
     return status
 
 

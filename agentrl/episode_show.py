@@ -27,7 +27,7 @@ from typing import Any
 
 from agentrl.report_html import episode_turns
 
-__all__ = ["count_lines", "read_episodes", "render_episode"]
+__all__ = ["read_episodes", "render_episode"]
 
 _MARKERS = re.compile(r"<\|im_start\|>\w+\n|<\|im_end\|>\n?|<\|endoftext\|>")
 _WIDTH = 11
@@ -68,22 +68,17 @@ def render_episode(record: dict[str, Any], index: int, total: int) -> str:
     return "\n".join(lines)
 
 
-def read_episodes(path: str | Path, skip: int = 0) -> list[dict[str, Any]]:
-    """The episode records of ``path`` (``eval_samples.jsonl``) after its first ``skip`` lines
-    (those an earlier run wrote); a line cut by a crash is left out; [] without the file."""
+def read_episodes(path: str | Path) -> list[dict[str, Any]]:
+    """The episode records of ``path`` (``eval_samples.jsonl`` of one evaluation's own run
+    directory); a line cut by a crash is left out; [] without the file."""
     p = Path(path)
     if not p.exists():
         return []
     out = []
-    for line in p.read_text().splitlines()[skip:]:
+    for line in p.read_text().splitlines():
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError:
             continue
     return out
 
-
-def count_lines(path: str | Path) -> int:
-    """Lines in ``path`` now (0 without the file): what :func:`read_episodes` skips after a run."""
-    p = Path(path)
-    return len(p.read_text().splitlines()) if p.exists() else 0

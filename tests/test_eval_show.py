@@ -1,7 +1,9 @@
-"""``agentrl eval RECIPE --show N``: the episodes of the evaluation printed turn by turn (roles,
-tool calls, reward, status, error), the run's own block of ``eval_samples.jsonl`` only, at least N
-rows evaluated and N written. The evaluation itself runs for real in
-tests/e2e/test_eval_show_e2e.py; here the CLI's seam to the run (``_train``) is replaced."""
+"""``agentrl eval RECIPE [--show N]``: the evaluation is a run of its own in
+``RUN_DIR/evals/<date-time>/`` (the training run's summary.json and metrics.jsonl stay byte for
+byte as they were); with ``--show N`` its episodes are printed turn by turn (roles, tool calls,
+reward, status, error), at least N rows evaluated and N written. The evaluation itself runs for
+real in tests/e2e/test_eval_show_e2e.py; here the CLI's seam to the run (``_train``, or the
+``Controller`` under it) is replaced."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import agentrl.cli as cli
-from agentrl.episode_show import count_lines, read_episodes, render_episode
+from agentrl.config import load_recipe
+from agentrl.episode_show import read_episodes, render_episode
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,14 +53,15 @@ def test_a_failed_episode_shows_its_error_and_a_template_without_markers_one_blo
     assert plain.splitlines() == ["── episode 1 of 1 · reward 0.500 · ok ──", "           Q: 2+2?", "           A: 4"]
 
 
-def test_only_the_lines_after_the_earlier_runs_are_read(tmp_path):
+def test_a_line_cut_by_a_crash_is_left_out(tmp_path):
     path = tmp_path / "eval_samples.jsonl"
-    assert count_lines(path) == 0 and read_episodes(path) == []
-    path.write_text(json.dumps(_record(0.0)) + "\n")
-    before = count_lines(path)
-    with path.open("a") as f:
-        f.write(json.dumps(_record(1.0)) + "\n" + '{"version": 0, "cut by a cra')
-    assert [r["reward"] for r in read_episodes(path, skip=before)] == [1.0]
+    assert read_episodes(path) == []
+    path.write_text(json.dumps(_record(0.0)) + "\n" + json.dumps(_record(1.0)) + "\n" + '{"version": 0, "cut by a cra')
+    assert [r["reward"] for r in read_episodes(path)] == [0.0, 1.0]
+
+
+def _eval_dirs(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / "evals").iterdir()) if (run_dir / "evals").is_dir() else []
 
 
 @pytest.mark.parametrize(("limit", "show", "expected_limit"), [(2, 3, "eval.limit=3"), (8, 3, None), (0, 3, None)])
@@ -67,11 +71,12 @@ def test_show_evaluates_at_least_n_rows_writes_n_and_prints_them(tmp_path, monke
     (run_dir / "eval_samples.jsonl").write_text(json.dumps({**_record(), "status": "from an earlier run"}) + "\n")
     seen = {}
 
-    def fake_train(args, hooks=()):
+    def fake_train(args, hooks=()):  # writes where the controller would: the recipe's run_dir, as overridden
         seen["overrides"] = list(args.overrides)
-        (run_dir / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "time": 3.0, "version": 0, "accuracy": 0.4,
-                                                           "tool_call_rate": 1.0, "turns_mean": 2.0, "episodes": 5.0}) + "\n")
-        with (run_dir / "eval_samples.jsonl").open("a") as f:
+        out = load_recipe(args.recipe, args.overrides).resolved_run_dir()
+        (out / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "time": 3.0, "version": 0, "accuracy": 0.4,
+                                                       "tool_call_rate": 1.0, "turns_mean": 2.0, "episodes": 5.0}) + "\n")
+        with (out / "eval_samples.jsonl").open("a") as f:
             for i in range(5):
                 f.write(json.dumps(_record(reward=float(i))) + "\n")
         return 0
@@ -87,17 +92,22 @@ def test_show_evaluates_at_least_n_rows_writes_n_and_prints_them(tmp_path, monke
     out = capsys.readouterr().out
     headers = [line for line in out.splitlines() if line.startswith("── episode")]
     assert headers == [f"── episode {i + 1} of {show} · reward {float(i):.3f} · ok · 2 turns, 1 tool call ──" for i in range(show)]
-    assert "from an earlier run" not in out  # the earlier run's episodes are not this evaluation's
-    # and in the report's trajectory browser, written for them
-    assert out.splitlines()[-1].endswith(f"and in the trajectory browser of {run_dir / 'report' / 'index.html'}")
-    assert "Compute 12*34+5." in (run_dir / "report" / "index.html").read_text()
+    assert "from an earlier run" not in out  # the training run's episodes are not this evaluation's
+    [eval_dir] = _eval_dirs(run_dir)
+    assert overrides[-1] == f"run_dir={str(eval_dir)!r}"
+    # and in the report's trajectory browser, written for them in the evaluation's own folder
+    assert out.splitlines()[-1] == (f"evaluation written to {eval_dir} (summary.json, metrics.jsonl, eval_samples.jsonl); "
+                                    f"report (plots, the trajectory browser): {eval_dir / 'report' / 'index.html'}")
+    assert "Compute 12*34+5." in (eval_dir / "report" / "index.html").read_text()
+    assert not (run_dir / "report").exists()
 
 
 def test_a_checkpoint_is_evaluated_in_place_of_the_recipes_model(tmp_path, monkeypatch):
     seen = {}
     monkeypatch.setattr(cli, "_train", lambda args, hooks=(): seen.setdefault("overrides", list(args.overrides)) and 0)
     assert cli.main(["eval", str(REPO / "recipes" / "tiny_calc.toml"), "--checkpoint", "runs/x/final", "--set", f"run_dir='{tmp_path}'"]) == 0
-    assert seen["overrides"][-3:] == ["mode=eval", "sft.steps=0", "model.path='runs/x/final'"]
+    [eval_dir] = _eval_dirs(tmp_path)
+    assert seen["overrides"][-4:] == ["mode=eval", "sft.steps=0", "model.path='runs/x/final'", f"run_dir={str(eval_dir)!r}"]
 
 
 def test_the_evaluator_writes_as_many_decoded_episodes_as_asked_with_turns_and_tool_calls(tmp_path, tiny_calc_model):
@@ -112,7 +122,7 @@ def test_the_evaluator_writes_as_many_decoded_episodes_as_asked_with_turns_and_t
     from agentrl.engine.testing import ScriptedGenerator, local_actor
     from agentrl.envs.data import load_rows
     from agentrl.models.loading import load_tokenizer
-    from tests.envs.envfakes import FakeSandbox
+    from agentrl.sandbox.testing import FakeSandbox
 
     tok = load_tokenizer(str(tiny_calc_model))
     gen = ScriptedGenerator(tok, lambda prompt, s: "\\boxed{7}" if prompt.count("<interpreter>") >= 2 else "<code>3+4</code>")  # the system prompt names it once
@@ -139,12 +149,108 @@ def test_without_metrics_to_report_on_the_episodes_are_still_shown_and_the_repor
     run_dir = tmp_path / "run"
 
     def fake_train(args, hooks=()):
-        run_dir.mkdir()
-        (run_dir / "eval_samples.jsonl").write_text(json.dumps(_record()) + "\n")
+        out = load_recipe(args.recipe, args.overrides).resolved_run_dir()
+        (out / "eval_samples.jsonl").write_text(json.dumps(_record()) + "\n")
         return 0
 
     monkeypatch.setattr(cli, "_train", fake_train)
     assert cli.main(["eval", str(REPO / "recipes" / "tiny_calc.toml"), "--show", "1", "--set", f"run_dir='{run_dir}'"]) == 0
     out = capsys.readouterr().out
     assert "── episode 1 of 1 · reward 1.000 · ok" in out
-    assert f"no report written ({run_dir / 'metrics.jsonl'}: no metrics" in out.splitlines()[-1], out
+    [eval_dir] = _eval_dirs(run_dir)
+    assert out.splitlines()[-1].startswith(f"evaluation written to {eval_dir} (summary.json, metrics.jsonl, eval_samples.jsonl); "
+                                           f"no report written ({eval_dir / 'metrics.jsonl'}: no metrics"), out
+
+
+class _EvalOnlyController:
+    """The controller's seam for ``agentrl eval``: what the real one writes in mode eval (the
+    recipe, the evaluation record through a real MetricsLogger, the decoded episodes and
+    summary.json), into the recipe's run directory as the CLI hands it over."""
+
+    def __init__(self, recipe, *, hooks=(), fresh=False, resume_from=None):
+        from agentrl.engine.common.run_dir import RunDir
+
+        assert recipe.mode == "eval" and not fresh and resume_from is None
+        self.recipe, self.run_dir = recipe, RunDir(recipe.resolved_run_dir())
+
+    def run(self):
+        from agentrl.engine.common.summary import RunSummary, write_summary
+        from agentrl.engine.metrics import MetricsLogger
+
+        rd = self.run_dir
+        rd.root.mkdir(parents=True, exist_ok=True)
+        rd.recipe.write_text(json.dumps(self.recipe.model_dump(mode="json")))
+        log = MetricsLogger(rd.root, live=False)
+        record = log.log("eval", version=0, accuracy=0.25, tool_call_rate=1.0, turns_mean=2.0, episodes=4.0)
+        log.close()
+        with rd.eval_samples.open("a") as f:
+            f.write(json.dumps(_record(0.25)) + "\n")
+        summary = RunSummary(rd.root, 0, 0, Path(self.recipe.model.path), 0, 0, 0)
+        write_summary(rd.summary, summary, [record])
+        return summary
+
+
+def test_an_evaluation_never_touches_the_training_runs_files(tmp_path, monkeypatch, capsys):
+    """The training run's summary.json, metrics.jsonl and eval_samples.jsonl are byte for byte
+    as they were after ``agentrl eval`` (plain and --show) and ``agentrl.evaluate``; each
+    evaluation has its own folder under RUN_DIR/evals with its own files, named on the last line."""
+    import agentrl
+    import agentrl.engine.controller as controller
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    training = {
+        "summary.json": json.dumps({"steps": 40, "eval_after": {"accuracy": 0.75}}, indent=2),
+        "metrics.jsonl": "".join(json.dumps({"kind": k, "time": float(i), "version": i}) + "\n" for i, k in enumerate(["step", "step", "eval"])),
+        "eval_samples.jsonl": json.dumps(_record(1.0)) + "\n",
+    }
+    for name, text in training.items():
+        (run_dir / name).write_text(text)
+    before = {name: (run_dir / name).read_bytes() for name in training}
+    monkeypatch.setattr(controller, "Controller", _EvalOnlyController)
+    recipe = str(REPO / "recipes" / "tiny_calc.toml")
+
+    assert cli.main(["eval", recipe, "--checkpoint", str(run_dir / "final"), "--set", f"run_dir='{run_dir}'"]) == 0
+    assert cli.main(["eval", recipe, "--show", "1", "--set", f"run_dir='{run_dir}'"]) == 0
+    summary = agentrl.evaluate(recipe, run_dir / "final", run_dir=str(run_dir))
+
+    assert {name: (run_dir / name).read_bytes() for name in training} == before
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints", "eval_samples.jsonl", "evals", "metrics.jsonl", "summary.json"]
+    dirs = _eval_dirs(run_dir)
+    assert len(dirs) == 3 and summary.run_dir == dirs[2]
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("evaluation written to ")]
+    assert [line.split()[3] for line in lines] == [str(d) for d in dirs[:2]]
+    for d in dirs:
+        assert json.loads((d / "summary.json").read_text())["eval_after"]["accuracy"] == 0.25
+        assert [json.loads(line)["kind"] for line in (d / "metrics.jsonl").read_text().splitlines()] == ["eval"]
+        assert len(read_episodes(d / "eval_samples.jsonl")) == 1
+    assert [(d / "report" / "index.html").is_file() for d in dirs] == [True, True, False]  # the CLI writes the report
+
+
+def test_an_evaluation_before_training_makes_no_earlier_run(tmp_path):
+    """``RUN_DIR/evals`` alone (``agentrl eval --show`` before the first ``agentrl train``) is no
+    earlier run: training starts at step 0 in RUN_DIR with nothing renamed aside; with a
+    finished run, the evaluations go aside with it."""
+    from agentrl.engine.common.run_dir import RunDir
+    from agentrl.engine.run_start import plan_start
+
+    rd = RunDir(tmp_path / "run")
+    first = rd.new_eval_dir()
+    second = rd.new_eval_dir()
+    assert first.parent == second.parent == rd.evals and first != second and not any(first.iterdir())
+    plan = plan_start(rd)
+    assert (plan.checkpoint, plan.message) == (None, "") and first.is_dir()
+    rd.summary.write_text("{}")
+    plan = plan_start(rd)
+    assert "held a finished run" in plan.message and not rd.root.exists()
+
+
+def test_an_evaluation_refused_before_it_wrote_anything_leaves_no_folder(tmp_path, monkeypatch):
+    from agentrl.errors import ConfigError
+
+    def refuse(args, hooks=()):
+        raise ConfigError("no such model")
+
+    monkeypatch.setattr(cli, "_train", refuse)
+    assert cli.main(["eval", str(REPO / "recipes" / "tiny_calc.toml"), "--set", f"run_dir='{tmp_path}'"]) == 2
+    assert list((tmp_path / "evals").iterdir()) == []

@@ -43,8 +43,9 @@ class StartPlan:
 
 
 def _has_run(root: Path) -> bool:
-    """Whether ``root`` holds anything of an earlier run."""
-    return root.is_dir() and any(root.iterdir())
+    """Whether ``root`` holds anything of an earlier run (``agentrl eval``'s own folder,
+    ``evals/``, alone is none: an evaluation before training does not make a run)."""
+    return root.is_dir() and any(p.name != RunDir(root).evals.name for p in root.iterdir())
 
 
 def set_aside(root: Path) -> Path:

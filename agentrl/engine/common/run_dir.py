@@ -16,11 +16,15 @@
       sft/                    the model after the SFT stage
       final/                  the final model (LoRA: merged)
       final_adapter/          the final LoRA adapter (LoRA runs)
+      evals/20261125-201500/  one ``agentrl eval`` of this recipe: a run directory of its own
+                              (recipe.json, metrics.jsonl, eval_samples.jsonl, summary.json,
+                              logs/, report/); the training run's files are never touched
 """
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +86,25 @@ class RunDir:
     def weights(self) -> Path:
         """The folder of published weight versions."""
         return self.root / "weights"
+
+    @property
+    def evals(self) -> Path:
+        """``RUN_DIR/evals``: one folder per ``agentrl eval`` (see :meth:`new_eval_dir`)."""
+        return self.root / "evals"
+
+    def new_eval_dir(self) -> Path:
+        """Create and return a new, empty ``RUN_DIR/evals/YYYYmmdd-HHMMSS`` (``-2``, ``-3``...
+        when that second is taken): the run directory of one evaluation, so that it never
+        writes over the training run's summary, metrics or samples."""
+        self.evals.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target, n = self.evals / stamp, 2
+        while True:
+            try:
+                target.mkdir()
+                return target
+            except FileExistsError:
+                target, n = self.evals / f"{stamp}-{n}", n + 1
 
     @property
     def checkpoints(self) -> Path:
