@@ -3,12 +3,13 @@ import warnings
 import anyio
 import gymnasium
 import pytest
-from tests.envs.envfakes import ROW, FakeResult, FakeSandbox
+from tests.envs.envfakes import ROW
 from gymnasium.utils.env_checker import check_env
 
 import agentrl.envs  # noqa: F401  (registers agentrl/Calc-v0)
 from agentrl.envs.calc import SYSTEM_PROMPT, CalcEnv, as_int, generate_problems, prepare_code, sample_texts
 from agentrl.errors import DataError, EnvError, SandboxError
+from agentrl.sandbox.testing import FakeResult, FakeSandbox
 
 BACKENDS = ["asyncio", "trio"]
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import gymnasium
 import pytest
-from tests.envs.envfakes import FakeSandbox
 
 import agentrl.envs
 from agentrl.envs import CalcEnv, make_env
 from agentrl.errors import EnvError
+from agentrl.sandbox.testing import FakeSandbox
 
 
 def test_calc_is_registered_once() -> None:

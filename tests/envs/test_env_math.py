@@ -7,12 +7,12 @@ import anyio
 import gymnasium
 import pytest
 from gymnasium.utils.env_checker import check_env
-from tests.envs.envfakes import FakeSandbox, FakeSessionSandbox
 
 import agentrl.envs
 from agentrl.envs import BUILTIN_ENVS, CalcEnv, MathEnv, MathToolEnv, make_env
 from agentrl.envs.math_envs import MATH_PROMPT, MATH_TOOL_PROMPT
 from agentrl.errors import EnvError, InfraError, SandboxError, VerifierError
+from agentrl.sandbox.testing import FakeSandbox, FakeSessionSandbox
 
 BACKENDS = ["asyncio", "trio"]
 ROW = {"question": "Solve for x: 7x - 12 = 3x + 5.", "answer": "17/4"}

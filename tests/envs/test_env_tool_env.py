@@ -6,11 +6,11 @@ import warnings
 import anyio
 import pytest
 from gymnasium.utils.env_checker import check_env
-from tests.envs.envfakes import FakeSandbox
 
 from agentrl.envs import ToolEnv, extract_boxed
 from agentrl.envs.tools import PythonTool
 from agentrl.errors import ConfigError, EnvError, SandboxError, VerifierError
+from agentrl.sandbox.testing import FakeSandbox
 
 BACKENDS = ["asyncio", "trio"]
 ROW = {"question": "What is 12 * 34 + 5?", "answer": "413"}

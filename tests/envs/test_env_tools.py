@@ -5,7 +5,6 @@ from typing import Annotated, Any, Literal, Optional
 
 import anyio
 import pytest
-from tests.envs.envfakes import FakeResult, FakeSandbox, FakeSessionSandbox, SubprocessSandbox
 
 from agentrl.envs.tools import (
     FunctionTool,
@@ -20,6 +19,7 @@ from agentrl.envs.tools import (
     with_display,
 )
 from agentrl.errors import ConfigError, SandboxError, ToolCallError
+from agentrl.sandbox.testing import FakeResult, FakeSandbox, FakeSessionSandbox, SubprocessSandbox
 
 BACKENDS = ["asyncio", "trio"]
 

@@ -11,7 +11,7 @@ from agentrl.engine.episodes.rollout import play_episode
 from agentrl.envs.calc import CalcEnv
 from agentrl.errors import GeneratorError
 from agentrl.models.loading import load_tokenizer
-from tests.envs.envfakes import FakeSandbox
+from agentrl.sandbox.testing import FakeSandbox
 
 ROW = {"question": "Compute 12*34+5.", "answer": "413"}
 

@@ -203,7 +203,7 @@ def test_rollout_worker_judges_with_the_policy_generators_and_evaluation_does_no
     """``judge.model = "policy"``: the judge prompt goes to the generator the group played on;
     evaluation groups (``score=False``) keep the environment's reward alone."""
     from agentrl.engine.episodes.rollout import RolloutWorker
-    from tests.envs.envfakes import FakeSandbox
+    from agentrl.sandbox.testing import FakeSandbox
 
     tok = load_tokenizer(str(tiny_calc_model))
 

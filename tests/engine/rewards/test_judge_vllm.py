@@ -15,7 +15,7 @@ import pytest
 
 from agentrl.engine.rewards.judge import JudgeSettings
 from agentrl.engine.rewards.scoring import RewardSettings
-from tests.envs.envfakes import FakeSandbox
+from agentrl.sandbox.testing import FakeSandbox
 
 ROW = {"question": "Compute 12*34+5.", "answer": "413"}
 TEMPLATE = "Grade this answer to '{question}' (reference {answer}) from 0 to 9.\nAnswer: {response}\n"

@@ -232,7 +232,7 @@ def test_rollout_worker_gives_functions_the_conversation_and_evaluation_does_not
     answers) for a function that asks for it; evaluation groups (``score=False``) keep the
     environment's reward alone."""
     from agentrl.engine.episodes.rollout import RolloutWorker
-    from tests.envs.envfakes import FakeSandbox
+    from agentrl.sandbox.testing import FakeSandbox
 
     tok = load_tokenizer(str(tiny_calc_model))
     turns = iter(["<code>12*34+5</code>", "\\boxed{413}"] * 10)
