@@ -188,3 +188,20 @@ def test_the_wing_rule_finds_an_arrow_that_points_up():
 
 def test_the_recipe_layer_imports_nothing_of_the_engine():
     assert sorted(d for d in graph()["agentrl.config"] if d.startswith("agentrl.engine")) == []
+
+
+def reachable(g: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through the modules it imports."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo += g.get(module, set())
+    return seen - {start}
+
+
+def test_the_recipe_layer_reaches_nothing_of_the_engine_through_other_modules():
+    # config.py's own helpers (judge_prompt, model_plan, errors) must not pull the engine in either
+    assert sorted(m for m in reachable(graph(), "agentrl.config") if m.startswith("agentrl.engine")) == []
