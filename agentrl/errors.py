@@ -123,12 +123,13 @@ class LearnerDied(LearnerError):
     """A learner rank's process is gone (killed, out of memory, crashed).
 
     ``rank`` is the rank that died (None when unknown), ``how`` says how when Ray knows (a
-    signal, an exit code)."""
+    signal, an exit code), ``group`` whose rank it was: ``"learner"`` or PPO's ``"critic"``."""
 
-    def __init__(self, message: str, *, rank: int | None = None, how: str = "") -> None:
+    def __init__(self, message: str, *, rank: int | None = None, how: str = "", group: str = "learner") -> None:
         super().__init__(message)
         self.rank = rank
         self.how = how
+        self.group = group
 
 
 class WeightSyncError(InfraError):

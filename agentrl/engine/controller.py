@@ -281,7 +281,7 @@ class Controller:
             # full fine-tuning restarts from the checkpoint's weights; LoRA from the base model
             # (the checkpoint's learner state holds the adapter)
             learner_kwargs=lambda weights: wiring.learner_kwargs(r, model=tokenizer if r.lora else weights, tokenizer=tokenizer, run_dir=rd.root),
-            critic=critic,
+            critic=critic, critic_kwargs=lambda: wiring.critic_kwargs(r, model=tokenizer),
         )
 
         rollout_failover = RolloutFailover(  # one for the run: its restarts are bounded across learner restarts
@@ -343,6 +343,7 @@ class Controller:
                 lambda: LearnerPlacement(learner_bundles(num_ranks, num_cpus, num_gpus, resources), wait_s)),
             timeout_s=timeout_s,
             placement_timeout_s=wait_s,
+            name=name,
         )
 
     def _shared_placement(self) -> Any:

@@ -382,11 +382,11 @@ class KillWorker:
 
 
 class KillLearner:
-    """Loop hook: kill learner rank ``rank`` right after step ``after_step`` was logged (so the
-    next step, or the checkpoint after it, finds it dead)."""
+    """Loop hook: kill learner rank ``rank`` (``critic=True``: PPO's critic rank) right after step
+    ``after_step`` was logged (so the next step, or the checkpoint after it, finds it dead)."""
 
-    def __init__(self, after_step: int, rank: int = 0) -> None:
-        self.step, self.rank = after_step, rank
+    def __init__(self, after_step: int, rank: int = 0, critic: bool = False) -> None:
+        self.step, self.rank, self.critic = after_step, rank, critic
         self.done = False
 
     async def on_round(self, loop: Any) -> None:
@@ -394,7 +394,8 @@ class KillLearner:
 
     async def after_step(self, loop: Any) -> None:
         if not self.done and loop.version >= self.step:
-            kill(loop.learners.handles[self.rank])
+            group = loop.critic.group if self.critic else loop.learners
+            kill(group.handles[self.rank])
             self.done = True
 
 
@@ -480,7 +481,7 @@ class FakeRun:
         self.critic_seen: list[tuple[int, list[str], list[float]]] = []
         """Every step a fake critic rank 0 trained: ``(step, sample ids, returns)``."""
         self.critic = None if critic is None else LearnerGroup(
-            num_ranks=1, placement=None, timeout_s=timeout_s,
+            num_ranks=1, placement=None, timeout_s=timeout_s, name="critic",
             factory=lambda rank, kwargs, options: local_actor(FakeCritic(rank=rank, seen=self.critic_seen, **critic), f"critic {rank}"),
         )
         self.critic_warmup = critic_warmup
@@ -520,6 +521,7 @@ class FakeRun:
         failover = LearnerFailover(
             run_dir=self.run_dir, learners=self.learners, fleet=self.fleet, publisher=self.publisher,
             learner_kwargs=lambda weights: {}, max_restarts=self.max_restarts, log=self.log, critic=self.critic,
+            critic_kwargs=lambda: {},
         )
         stage = None if self.critic is None else CriticStage(group=self.critic, settings=GaeSettings(normalize=False, lam=1.0),
                                                             warmup_steps=self.critic_warmup)

@@ -65,13 +65,15 @@ class LearnerGroup:
     ``placement``: builds the reservation of the ranks (``() -> LearnerPlacement``-like object
     with ``rendezvous(timeout)``, ``options(rank)``, ``release()``), or None for in-process
     doubles (rendezvous on 127.0.0.1); ``factory``: creates one rank; ``timeout_s``: the longest
-    wait for one call (a training step, a publication, a checkpoint).
+    wait for one call (a training step, a publication, a checkpoint); ``name``: what the ranks
+    are, in words (``"learner"``, ``"critic"``: a death says "critic rank 0 died ...").
     """
 
     def __init__(
         self, *, num_ranks: int, factory: RankFactory,
-        placement: Callable[[], Any] | None, timeout_s: float, placement_timeout_s: float = 300.0,
+        placement: Callable[[], Any] | None, timeout_s: float, placement_timeout_s: float = 300.0, name: str = "learner",
     ) -> None:
+        self.name = name
         self.num_ranks = num_ranks
         self.factory = factory
         self.placement_factory = placement
@@ -112,7 +114,7 @@ class LearnerGroup:
         """``method(*args, **kwargs)`` on every rank at once; the results by rank. A dead rank
         raises LearnerDied; a wait past ``timeout`` (default: the group's) LearnerError."""
         if not self.handles:
-            raise LearnerError(f"{what}: the learner is not running")
+            raise LearnerError(f"{what}: the {self.name} is not running")
         handles = self.handles
         args, kwargs = await shared_arguments(handles, args, kwargs)  # one copy for every rank
         refs = [getattr(h, method).remote(*args, **kwargs) for h in handles]
@@ -126,7 +128,7 @@ class LearnerGroup:
             for rank, exc in failures:
                 how = actor_died(exc)
                 if how is not None:
-                    raise LearnerDied(f"learner rank {rank} died during {what}: {how}", rank=rank, how=how) from exc
+                    raise LearnerDied(f"{self.name} rank {rank} died during {what}: {how}", rank=rank, how=how, group=self.name) from exc
             if failures:
                 raise failures[0][1]
             return [f.result() for f in futures]
