@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from agentrl.config import Recipe
 from agentrl.engine.common.audit import episodes_audit_path, learner_audit_path
+from agentrl.engine.common.sampling import Sampling
 from agentrl.engine.loop.batching import BatchSettings, no_signal_reason
 from agentrl.engine.loop.critic_stage import GaeSettings
 from agentrl.engine.generation.generator import EngineSettings
@@ -41,6 +42,7 @@ __all__ = [
     "reward_function_specs",
     "reward_kwargs",
     "reward_model_actor",
+    "rollout_sampling",
     "sleep_level",
     "worker_kwargs",
 ]
@@ -156,7 +158,7 @@ def learner_kwargs(
         "timeout_s": lcfg.timeout_s,
         "seed": r.seed,
         "audit_path": str(learner_audit_path(run_dir)),
-        "temperature": r.rollout.temperature if rl else 1.0,
+        "temperature": rollout_sampling(r).temperature if rl else 1.0,
         "lora": lora_settings(r).as_dict() if r.lora is not None else None,
     }
 
@@ -223,6 +225,13 @@ def engine_settings(recipe: Recipe, *, model: str, tokenizer: str | None) -> Eng
     )
 
 
+def rollout_sampling(recipe: Recipe) -> Sampling:
+    """The run's sampling (``[rollout]`` temperature, top_p, stop), read here once: the rollout
+    workers sample with it and the learner computes its log-probs at its temperature."""
+    ro = recipe.rollout
+    return Sampling(temperature=ro.temperature, top_p=ro.top_p, stop=tuple(ro.stop))
+
+
 def worker_kwargs(recipe: Recipe, *, tokenizer: str, run_dir: Path) -> dict[str, Any]:
     """Keyword arguments of every rollout worker (:class:`agentrl.engine.episodes.rollout.RolloutWorker`)
     except ``generators``."""
@@ -239,7 +248,7 @@ def worker_kwargs(recipe: Recipe, *, tokenizer: str, run_dir: Path) -> dict[str,
             "memory_mb": r.sandbox.memory_mb,
             **({"preload": r.sandbox.preload} if r.sandbox.preload is not None else {}),
         },
-        "sampling": {"temperature": ro.temperature, "top_p": ro.top_p, "stop": list(ro.stop)},
+        "sampling": rollout_sampling(r),
         "max_new_tokens": ro.max_new_tokens,
         "max_episode_tokens": min(ro.max_episode_tokens, r.generator.max_model_len),
         "max_concurrent_episodes": ro.max_concurrent_episodes,

@@ -20,6 +20,7 @@ import anyio
 from agentrl.engine.common.audit import AuditLog
 from agentrl.engine.common.episode_text import version_spans
 from agentrl.engine.common.interfaces import Generation
+from agentrl.engine.common.sampling import Sampling
 from agentrl.engine.episodes.render import IncrementalRenderer, TemplateMismatch
 from agentrl.engine.episodes.stops import with_stop_token_ids
 from agentrl.engine.common.trajectory import Trajectory
@@ -182,7 +183,7 @@ class RolloutWorker:
         sandbox_kind: str | None,
         sandbox_kwargs: dict[str, Any],
         generators: list[Any],
-        sampling: dict[str, Any],
+        sampling: Sampling | dict[str, Any],
         max_new_tokens: int,
         max_episode_tokens: int,
         max_concurrent_episodes: int,
@@ -200,7 +201,9 @@ class RolloutWorker:
         judge_generators: list[Any] | None = None,
         reward_model: Any = None,
     ) -> None:
-        """``audit_path``: append one record per finished episode to this append-only file (see
+        """``sampling``: how every turn samples, the run's
+        :class:`~agentrl.engine.common.sampling.Sampling` (or its vLLM ``SamplingParams``
+        arguments as a dict). ``audit_path``: append one record per finished episode to this append-only file (see
         :mod:`agentrl.engine.common.audit`); None writes none. ``seed_sampling``: seed every turn's
         sampling (see :func:`play_episode`). ``agent``: ``"module:function"`` of an agent program
         to play instead of the environment ``env_id``, served under the model name
@@ -224,7 +227,8 @@ class RolloutWorker:
         self.generators = generators
         self.outstanding = [0] * len(generators)
         """Tokens (prompt + max new) of this worker's requests in flight, per generator."""
-        self.sampling = dict(sampling)
+        self.sampling = sampling.params() if isinstance(sampling, Sampling) else dict(sampling)
+        """The vLLM ``SamplingParams`` arguments every turn shares."""
         self.max_new_tokens = max_new_tokens
         self.max_episode_tokens = max_episode_tokens
         self.limiter = anyio.CapacityLimiter(max_concurrent_episodes)
@@ -272,6 +276,15 @@ class RolloutWorker:
         if len(generators) != len(self.generators):
             self.outstanding = [0] * len(generators)
         self.generators = list(generators)
+
+    def set_judge_generators(self, generators: list[Any]) -> None:
+        """Replace a separate judge's generator handles (after one was replaced); groups being
+        scored keep the judge they were given."""
+        self.judge_generators = list(generators)
+
+    def set_reward_model(self, reward_model: Any) -> None:
+        """Replace the reward model's handle (after it was replaced); scores in flight keep theirs."""
+        self.reward_model = reward_model
 
     def pick_generator(self) -> int:
         """Index of the generator with the fewest outstanding tokens from this worker (ties: the
