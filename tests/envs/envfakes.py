@@ -5,10 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-# Until tests/test_eval_show.py (being edited by another session) is committed with its import of
-# agentrl.sandbox.testing, the old name keeps working here.
-from agentrl.sandbox.testing import FakeSandbox  # noqa: F401
-
 ROW = {"question": "Compute 347*58+91.", "answer": "20217"}
 
 
