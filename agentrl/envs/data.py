@@ -1,10 +1,14 @@
 """Dataset rows for environments: synthetic tasks, local files and Hugging Face Hub datasets.
 
 A *row* is a ``dict`` an episode is about (``env.reset(options={"row": row})``). Every row has an
-``"answer"`` and a prompt: a ``"question"`` (text), or ``"messages"``, a prompt conversation
-(``[{"role": "system" | "user" | "assistant", "content": str}, ...]`` ending with a user turn);
-a row of ``messages`` without a question gets ``"question"`` = the content of its last user
-message, so that every environment can use it.
+``"answer"`` and a prompt: a ``"question"`` (text), or ``"messages"``, a conversation
+(``[{"role": "system" | "user" | "assistant", "content": str}, ...]``, TRL's conversational
+format). The prompt is the conversation up to and excluding a final assistant turn: a row whose
+``messages`` end with the assistant's reply keeps the messages before it as ``"messages"``, and
+that reply becomes its ``"answer"`` when the row has none (the reference answer). A row of
+``messages`` without a question gets ``"question"`` = the content of its prompt's last user
+message, so that every environment can use it; :class:`~agentrl.envs.tool_env.ToolEnv` starts
+its episodes from the whole prompt conversation.
 
 Local or hub is decided without the network: ``synthetic:...`` is generated; a path with a data
 file suffix (``.jsonl``, ``.json``, ``.csv``, ``.parquet``), a path that exists, or one spelled
@@ -14,7 +18,9 @@ from the local Hugging Face cache only (no network retries) while ``HF_HUB_OFFLI
 ``HF_DATASETS_OFFLINE`` is set or the Hub's host does not answer.
 
 Errors name where: ``data/train.jsonl: line 7: not valid JSON (...)``,
-``data/train.jsonl: row 3 (line 3): field 'answer' is null``. Rows and lines count from 1.
+``data/train.jsonl: row 3 (line 3): field 'answer' is null``,
+``data/chat.parquet: row 2: messages[1]: 'content' is missing``. Rows and lines count from 1,
+messages from 0 (as Python indexes the list).
 """
 
 from __future__ import annotations
@@ -228,11 +234,42 @@ def _offline_mode(on: bool) -> Iterator[None]:
         datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = saved
 
 
-def _is_conversation(value: Any) -> bool:
-    return (
-        isinstance(value, list) and bool(value)
-        and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value)
-    )
+def _conversation_error(value: Any) -> str | None:
+    """What is wrong with ``value`` as a ``messages`` conversation (naming the message and its
+    key), or None when it is a non-empty list of ``{"role": str, "content": str}``."""
+    if not isinstance(value, list) or not value:
+        return f"field 'messages' must be a non-empty list of {{'role': str, 'content': str}}, got {str(value)[:80]!r}"
+    for i, m in enumerate(value):
+        if not isinstance(m, dict):
+            return f"messages[{i}]: expected an object with 'role' and 'content', got {type(m).__name__} {str(m)[:60]!r}"
+        for key in ("role", "content"):
+            if m.get(key) is None:
+                return f"messages[{i}]: {key!r} is {'null' if key in m else 'missing'} (its keys: {sorted(m)})"
+            if not isinstance(m[key], str):
+                return f"messages[{i}]: {key!r} must be a string, got {type(m[key]).__name__} {str(m[key])[:60]!r}"
+        if not m["role"]:
+            return f"messages[{i}]: 'role' is empty"
+    return None
+
+
+def _prompt_and_reference(out: dict[str, Any], where: str) -> None:
+    """Check ``out["messages"]`` and split off a final assistant turn: the messages before it are
+    the prompt (``out["messages"]``); its content becomes ``out["answer"]`` when the row has
+    none. Sets ``out["question"]`` (when missing) to the prompt's last user message."""
+    conversation = out["messages"]
+    wrong = _conversation_error(conversation)
+    if wrong is not None:
+        raise DataError(f"{where}: {wrong}")
+    prompt = [dict(m) for m in conversation]
+    reply = prompt.pop() if prompt[-1]["role"] == "assistant" else None
+    if reply is not None and out.get("answer") is None:
+        out["answer"] = reply["content"]
+    if not any(m["role"] == "user" for m in prompt):
+        before = " before its final assistant turn" if reply is not None else ""
+        raise DataError(f"{where}: field 'messages' has no user message{before} (roles: {[m['role'] for m in conversation]})")
+    out["messages"] = prompt
+    if out.get("question") is None:
+        out["question"] = [m["content"] for m in prompt if m["role"] == "user"][-1]
 
 
 def _rows(source: str, raw: list[Any], fields: dict[str, str], lines: list[int] | None) -> list[dict[str, Any]]:
@@ -254,18 +291,13 @@ def _rows(source: str, raw: list[Any], fields: dict[str, str], lines: list[int] 
             return (f"{where}: field {name!r}{via} {state}; its fields with values: {present}"
                     + (f" (null: {nulls})" if nulls else ""))
 
+        if out.get("messages") is not None:
+            _prompt_and_reference(out, where)
+        elif out.get("question") is None:
+            raise DataError(missing("question") + " (a row's prompt is a 'question' or a 'messages' conversation)")
         for name in REQUIRED_FIELDS:
             if out.get(name) is None:
-                raise DataError(missing(name))
-        if out.get("question") is None:
-            conversation = out.get("messages")
-            if conversation is None:
-                raise DataError(missing("question") + " (a row's prompt is a 'question' or a 'messages' conversation)")
-            if not _is_conversation(conversation):
-                raise DataError(f"{where}: field 'messages' must be a non-empty list of {{'role': str, 'content': str}}, got {str(conversation)[:80]!r}")
-            users = [m["content"] for m in conversation if m["role"] == "user"]
-            if not users:
-                raise DataError(f"{where}: field 'messages' has no user message (roles: {[m['role'] for m in conversation]})")
-            out["question"] = users[-1]
+                raise DataError(missing(name) + (" (nor do its 'messages' end with an assistant turn, the reference answer)"
+                                                 if out.get("messages") is not None and name == "answer" else ""))
         rows.append(out)
     return rows

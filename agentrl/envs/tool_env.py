@@ -52,7 +52,8 @@ class ToolEnv(TextEnv):
 
     **reset** returns ``[system, user]``: ``system_prompt`` followed by the tool-call format's
     description of the tools (nothing is added when there are no tools), and
-    :meth:`user_message` of the row (default: ``row["question"]``).
+    :meth:`user_message` of the row (default: ``row["question"]``). A row of chat ``messages``
+    (a conversational dataset) starts from its conversation; see :meth:`initial_messages`.
 
     **step(action)** — the action is parsed with the tool-call format (see
     :mod:`agentrl.envs.parsers`):
@@ -192,11 +193,23 @@ class ToolEnv(TextEnv):
         return super().reset(seed=seed, options=options)
 
     def initial_messages(self, row: dict[str, Any]) -> list[Message]:
-        """``[system, user]``; see the class docstring."""
+        """``[system, user]``; see the class docstring. A row with a ``messages`` prompt
+        conversation (:mod:`agentrl.envs.data`) starts from that conversation instead: its
+        leading system messages join the environment's system prompt (after it), the other
+        messages follow in order, and its last user message is :meth:`user_message` of the row."""
         system = "\n\n".join(p for p in (self.instructions, self.tool_prompt) if p)
+        conversation: list[Message] = [{"role": str(m["role"]), "content": str(m["content"])} for m in row.get("messages") or []]
+        head = 0
+        while head < len(conversation) and conversation[head]["role"] == "system":
+            head += 1
+        system = "\n\n".join(p for p in (system, *(m["content"] for m in conversation[:head])) if p)
         messages: list[Message] = [{"role": "system", "content": system}] if system else []
-        messages.append({"role": "user", "content": self.user_message(row)})
-        return messages
+        rest = conversation[head:]
+        last_user = max((i for i, m in enumerate(rest) if m["role"] == "user"), default=None)
+        if last_user is None:
+            return [*messages, *rest, {"role": "user", "content": self.user_message(row)}]
+        rest[last_user] = {"role": "user", "content": self.user_message(row)}
+        return [*messages, *rest]
 
     def user_message(self, row: dict[str, Any]) -> str:
         """The first user message of an episode about ``row``. Default: ``str(row["question"])``."""

@@ -234,3 +234,111 @@ def test_synthetic_rows_feed_the_math_envs() -> None:
         answer = row["answer"]
         latex = answer if "/" not in answer else "\\frac{%s}{%s}" % tuple(answer.split("/"))
         assert anyio.run(env.astep, f"\\boxed{{{latex}}}")[1] == 1.0
+
+
+CHAT = [
+    {"role": "system", "content": "Answer in one number."},
+    {"role": "user", "content": "Compute 1+1."},
+    {"role": "assistant", "content": "2"},
+    {"role": "user", "content": "Compute 2*3+1."},
+]
+
+
+def test_a_final_assistant_turn_is_the_reference_answer_not_the_prompt(tmp_path: Path) -> None:
+    """TRL's conversational rows: the prompt is the conversation up to and excluding a final
+    assistant turn, which serves as the answer when the row has none; in every file format."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"messages": [*CHAT, {"role": "assistant", "content": "7"}]},
+            {"messages": [*CHAT, {"role": "assistant", "content": "seven"}], "answer": "7"},
+            {"messages": CHAT, "answer": "7"}]
+    expected = {"messages": CHAT, "answer": "7", "question": "Compute 2*3+1."}
+    write_jsonl(tmp_path / "chat.jsonl", rows)
+    (tmp_path / "chat.json").write_text(json.dumps(rows))
+    pq.write_table(pa.Table.from_pylist([{"answer": None, **r} for r in rows]), tmp_path / "chat.parquet")  # a table's null
+    for name in ("chat.jsonl", "chat.json", "chat.parquet"):
+        loaded = load_rows(str(tmp_path / name))
+        assert [{k: r[k] for k in expected} for r in loaded] == [expected] * 3, name
+    assert rows[0]["messages"][-1]["content"] == "7"  # the file's rows are not changed in place
+    only = write_jsonl(tmp_path / "only.jsonl", [{"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "7"}]}])
+    with pytest.raises(DataError, match=r"only\.jsonl: row 1 \(line 1\): field 'messages' has no user message before its final assistant turn \(roles: \['system', 'assistant'\]\)"):
+        load_rows(str(only))
+    open_ended = write_jsonl(tmp_path / "open.jsonl", [{"messages": CHAT}])
+    with pytest.raises(DataError, match=r"open\.jsonl: row 1 \(line 1\): field 'answer' is missing.*nor do its 'messages' end with an assistant turn"):
+        load_rows(str(open_ended))
+
+
+@pytest.mark.parametrize(("message", "said"), [
+    ({"role": "user"}, r"messages\[1\]: 'content' is missing \(its keys: \['role'\]\)"),
+    ({"role": "user", "content": None}, r"messages\[1\]: 'content' is null"),
+    ({"role": 3, "content": "hi"}, r"messages\[1\]: 'role' must be a string, got int '3'"),
+    ({"content": "hi"}, r"messages\[1\]: 'role' is missing"),
+    ("hi", r"messages\[1\]: expected an object with 'role' and 'content', got str 'hi'"),
+])
+def test_a_malformed_message_names_the_file_the_row_and_the_key(tmp_path: Path, message, said: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    good = {"messages": CHAT, "answer": "7"}
+    path = write_jsonl(tmp_path / "chat.jsonl", [good, {"messages": [CHAT[0], message], "answer": "1"}])
+    with pytest.raises(DataError, match=r"chat\.jsonl: row 2 \(line 2\): " + said):
+        load_rows(str(path))
+    if isinstance(message, dict) and all(isinstance(v, str) or v is None for v in message.values()):  # a table holds it
+        pq.write_table(pa.Table.from_pylist([good, {"messages": [CHAT[0], {"role": None, "content": None, **message}], "answer": "1"}]),
+                       tmp_path / "chat.parquet")
+        with pytest.raises(DataError, match=r"chat\.parquet: row 2: messages\[1\]: '(role|content)' is null"):
+            load_rows(str(tmp_path / "chat.parquet"))
+
+
+def test_a_tool_env_starts_from_the_rows_conversation(tmp_path: Path) -> None:
+    """The prompt conversation reaches the model: the row's system message after the
+    environment's own system prompt (with its tools), the earlier turns in order, the last user
+    message as user_message gives it; a final assistant turn never does."""
+    from agentrl.envs.tool_env import ToolEnv
+
+    def add(a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: the first addend.
+            b: the second addend.
+        """
+        return a + b
+
+    class AdderEnv(ToolEnv):
+        tools = [add]
+        system_prompt = "Use the tools."
+
+        def reward(self, action: str, row: dict) -> float:
+            return float(action.strip() == str(row["answer"]))
+
+    path = write_jsonl(tmp_path / "chat.jsonl", [{"messages": [*CHAT, {"role": "assistant", "content": "7"}]}, {"question": "Compute 4+4.", "answer": "8"}])
+    chat_row, plain_row = load_rows(str(path))
+    env = AdderEnv()
+    messages, _ = env.reset(options={"row": chat_row})
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    assert messages[0]["content"].startswith("Use the tools.") and "add" in messages[0]["content"]
+    assert messages[0]["content"].endswith("\n\nAnswer in one number.")
+    assert messages[1:] == CHAT[1:]
+    assert env.observation_space.contains(messages)
+    _, reward, terminated, _, _ = env.step("7")
+    assert terminated and reward == 1.0  # scored against the final assistant turn
+    messages, _ = env.reset(options={"row": plain_row})
+    assert [m["role"] for m in messages] == ["system", "user"] and messages[1]["content"] == "Compute 4+4."
+
+    class ShoutEnv(AdderEnv):
+        def user_message(self, row: dict) -> str:
+            return str(row["question"]).upper()
+
+    messages, _ = ShoutEnv().reset(options={"row": chat_row})
+    assert [m["content"] for m in messages[1:]] == ["Compute 1+1.", "2", "COMPUTE 2*3+1."]
+
+
+def test_the_docs_conversational_row_loads_as_the_docs_say(tmp_path: Path) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "environments.md").read_text()
+    match = re.search(r"`data/chat\.jsonl`:\s*```json\n(.*?)```", doc, re.DOTALL)
+    assert match is not None, "docs/environments.md lost its conversational row example"
+    (tmp_path / "chat.jsonl").write_text(match.group(1))
+    [row] = load_rows(str(tmp_path / "chat.jsonl"))
+    assert [m["role"] for m in row["messages"]] == ["system", "user"] and row["answer"] == "42"
