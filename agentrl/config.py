@@ -717,6 +717,11 @@ class JudgeConfig(_Section):
     """Ray GPUs per judge generator (separate model only): more than 1 (a whole number) makes its
     engine tensor parallel over them; a share below 1 scales its GPU memory use; 0 is refused
     beside GPU generators (vLLM's CUDA build cannot serve it on the CPU)."""
+    max_restarts: int = Field(2, ge=0)
+    """Times a run replaces a separate judge's generator whose process died (killed, out of
+    memory, crashed) with a new one of the same settings; the episodes it was scoring are
+    infrastructure failures (never a 0), their groups re-issued when nothing of them is left. 0: a
+    dead judge generator ends the run."""
 
     @model_validator(mode="after")
     def _check_judge(self) -> "JudgeConfig":
@@ -765,6 +770,11 @@ class RewardModelConfig(_Section):
     """Ray GPUs of the reward model's actor (it runs on the GPU when it has one)."""
     torch_threads: int = Field(1, gt=0)
     """torch threads of the actor on CPU."""
+    max_restarts: int = Field(2, ge=0)
+    """Times a run replaces the reward model's actor when its process died (killed, out of memory,
+    crashed) with a new one of the same settings; the episodes it was scoring are infrastructure
+    failures (never a 0), their groups re-issued when nothing of them is left. 0: a dead reward
+    model ends the run."""
 
 
 class RewardFunctionConfig(_Section):

@@ -33,7 +33,7 @@ from agentrl.engine.loop.rollout_failover import RolloutFailover
 from agentrl.engine.metrics import MetricsLogger
 from agentrl.engine.prepare import prepare_model
 from agentrl.engine.loop.publishing import WeightPublisher
-from agentrl.engine.rewards.reward_actors import RewardActors, start_reward_actors
+from agentrl.engine.rewards.reward_actors import RewardActors, reward_actor_slots, start_reward_actors
 from agentrl.engine.common.run_dir import RunDir
 from agentrl.engine.loop.run_state import (
     RunState,
@@ -65,6 +65,8 @@ class Controller:
         self.hooks = list(hooks)
         self.rewards = RewardActors()
         """A separate judge's generators and the reward model (``[reward]``), once started."""
+        self.reward_slots: dict[str, Any] = {}
+        """The same, replaceable in-run (:func:`~agentrl.engine.rewards.reward_actors.reward_actor_slots`), by scorer name."""
         self.placement: Any = None
         """The run's :class:`~agentrl.placement_plan.PlacementPlan`, once Ray is up."""
         self._shared: Any = None
@@ -239,18 +241,20 @@ class Controller:
         if critic is not None:
             log.event(critic_line(critic_info, critic_s), critics=critic_info)
         kwargs = wiring.worker_kwargs(r, tokenizer=tokenizer, run_dir=self.run_dir.root)
-        self.rewards = await start_reward_actors(
-            wiring.judge_actors(r, self.run_dir.logs), wiring.reward_model_actor(r, self.run_dir.logs),
-            startup_timeout_s=r.generator.startup_timeout_s, log=log,
+        judge_specs, rm_spec = wiring.judge_actors(r, self.run_dir.logs), wiring.reward_model_actor(r, self.run_dir.logs)
+        self.rewards = await start_reward_actors(judge_specs, rm_spec, startup_timeout_s=r.generator.startup_timeout_s, log=log)
+        self.reward_slots = reward_actor_slots(  # a dead judge generator or reward model is replaced in-run
+            self.rewards, judge_specs, rm_spec, workers=lambda: fleet.workers, log=log, startup_timeout_s=r.generator.startup_timeout_s,
+            judge_max_restarts=r.reward.judge.max_restarts if r.reward.judge is not None else 0,
+            rm_max_restarts=r.reward.model.max_restarts if r.reward.model is not None else 0,
         )
-        kwargs.update(self.rewards.worker_kwargs())
         self._worker_pids: dict[int, int] = {}
 
         async def start_worker(i: int) -> Any:
             """Rollout worker ``i`` (the fleet's current generators), once it answers; a
             replacement (:mod:`agentrl.engine.loop.rollout_failover`) is started the same way."""
             worker = new_actor(RolloutWorker, {"num_cpus": r.rollout.num_cpus, "runtime_env": wiring.actor_runtime_env(self.run_dir.logs, f"rollout-{i}", r.rollout.cpu_affinity)},
-                               generators=fleet.generators, **kwargs)
+                               generators=fleet.generators, **kwargs, **self.rewards.worker_kwargs())  # the reward actors of now
             self._worker_pids[i] = await worker.process_id.remote()
             return worker
 
@@ -299,7 +303,7 @@ class Controller:
                 rows=rows, queue=queue, ledger=ledger, fleet=fleet, publisher=publisher, learners=learners,
                 batch=wiring.batch_settings(r), settings=wiring.loop_settings(r), log=log, run_dir=rd,
                 checkpoint=checkpointer.save, evaluate=evaluator, version=at.version if at is not None else 0, hooks=self.hooks,
-                critic=critic_stage, rollout_failover=rollout_failover,
+                critic=critic_stage, rollout_failover=rollout_failover, reward_actors=self.reward_slots,
             )
             await loop.run()
             return loop

@@ -12,8 +12,10 @@ loop; :meth:`LocalActor.kill` makes every later call fail the way a dead Ray act
   and reports the episodes of a dead generator as infrastructure failures, as the real worker does.
 - :class:`FakeLearner` records what it trained; it writes version folders, checkpoints and
   exports as small marker files, so the run-directory logic is the real one.
+- :class:`FakeRewardModel` scores every item 0.5; :class:`FakeTokenizer` decodes ids as numbers, so
+  that the real :class:`~agentrl.engine.rewards.scoring.EpisodeScorer` judges a fake worker's episodes.
 - Hooks for :class:`~agentrl.engine.loop.loop.RLLoop`: :class:`KillGenerator`, :class:`KillLearner`,
-  :class:`KillWorker`.
+  :class:`KillWorker`, :class:`KillRewardActor`.
 """
 
 from __future__ import annotations
@@ -36,9 +38,12 @@ __all__ = [
     "FakeCritic",
     "FakeGenerator",
     "FakeLearner",
+    "FakeRewardModel",
+    "FakeTokenizer",
     "FakeWorker",
     "KillGenerator",
     "KillLearner",
+    "KillRewardActor",
     "KillWorker",
     "LocalActor",
     "local_actor",
@@ -180,6 +185,31 @@ class ScriptedGenerator(GeneratorCounters, Generator):
         return None
 
 
+class FakeTokenizer:
+    """The tokenizer seam of the judge and the scorer: ids decode as space-separated numbers (a
+    :class:`FakeGenerator`'s answer "7 7 7 7" is a judge score of 7), a chat is its last message."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return " ".join(str(i) for i in ids)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [1] * max(1, len(text.split()))
+
+    def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool = False, add_generation_prompt: bool = False) -> str:
+        return messages[-1]["content"]
+
+
+class FakeRewardModel:
+    """The reward model's seam (``ping``, ``score(items)``): every item scores 0.5."""
+
+    def ping(self) -> bool:
+        return True
+
+    async def score(self, items: list[Any]) -> list[float]:
+        await asyncio.sleep(0)
+        return [0.5] * len(items)
+
+
 class FakeWorker:
     """Plays one-turn episodes: prompt tokens ``[1, 2, 3]``, the generator's tokens, reward
     ``reward(row, sample_index)`` (default: the row's ``"reward"``, else 1.0).
@@ -187,12 +217,19 @@ class FakeWorker:
     ``fail(prompt_index, group_id)`` returning True makes the whole group an infrastructure
     failure (as a lost sandbox would); a dead generator does the same to the episodes on it.
     ``delay_s(prompt_index)`` is how long the group runs on after its tokens were generated
-    (a tool call, a slow environment)."""
+    (a tool call, a slow environment). ``judge_generators`` (one per group, in turn) and
+    ``reward_model``: handles that score each finished episode through the real
+    :class:`~agentrl.engine.rewards.scoring.EpisodeScorer` (judge weight 1, reward model weight 1),
+    as the rollout worker does; a scorer that fails makes the episode an infrastructure failure."""
 
     def __init__(
         self, generators: list[Any], *, reward: Callable[[dict[str, Any], int], float] | None = None,
         fail: Callable[[int, str], bool] | None = None, delay_s: Callable[[int], float] | None = None,
+        judge_generators: list[Any] | None = None, reward_model: Any = None,
     ) -> None:
+        self.judge_generators = list(judge_generators or [])
+        self.reward_model = reward_model
+        self._judge_turn = 0
         self.generators = list(generators)
         self.reward = reward or (lambda row, i: float(row.get("reward", 1.0)))
         self.fail = fail or (lambda idx, gid: False)
@@ -209,6 +246,28 @@ class FakeWorker:
     def set_generators(self, generators: list[Any]) -> None:
         self.generators = list(generators)
 
+    def set_judge_generators(self, generators: list[Any]) -> None:
+        self.judge_generators = list(generators)
+
+    def set_reward_model(self, reward_model: Any) -> None:
+        self.reward_model = reward_model
+
+    def _scorer(self) -> Any:
+        """The group's scorer (None without a judge or a reward model), as the rollout worker makes it."""
+        if not self.judge_generators and self.reward_model is None:
+            return None
+        from agentrl.engine.rewards.judge import JudgeSettings, LLMJudge
+        from agentrl.engine.rewards.scoring import EpisodeScorer, RewardSettings
+
+        tok = FakeTokenizer()
+        judge = None
+        if self.judge_generators:
+            gen = self.judge_generators[self._judge_turn % len(self.judge_generators)]
+            self._judge_turn += 1
+            judge = LLMJudge(JudgeSettings(template="{response}", score_pattern=r"(\d+)", timeout_s=10.0), tok, gen.generate.remote)
+        return EpisodeScorer(RewardSettings(judge_weight=1.0, rm_weight=1.0, rm_timeout_s=10.0), tokenizer=tok, judge=judge,
+                             reward_model=self.reward_model)
+
     async def run_group(
         self, row: dict[str, Any], prompt_index: int, group_id: str, n: int, sampling: dict[str, Any] | None = None,
         score: bool = True,
@@ -216,6 +275,7 @@ class FakeWorker:
         self.groups.append(group_id)
         gen = self.generators[self._turn % len(self.generators)]
         self._turn += 1
+        scorer = self._scorer() if score else None
         out = []
         for i in range(n):
             status, error = "ok", ""
@@ -234,6 +294,8 @@ class FakeWorker:
                 info={"error": error} if error else {},
             ))
         await asyncio.sleep(self.delay_s(prompt_index))
+        if scorer is not None:  # the finished episodes are scored, as the rollout worker does
+            await asyncio.gather(*[scorer.score(t, row) for t in out])
         self.episodes.extend(out)
         return out
 
@@ -381,6 +443,27 @@ class KillWorker:
         return None
 
 
+class KillRewardActor:
+    """Loop hook: kill the reward actor ``which`` (``"judge"``: a separate judge's generator
+    ``index``; ``"reward_model"``) once the learner reached ``after_step`` and groups are in flight.
+    ``handles()``: the actors of that kind (default: the loop's replaceable ones)."""
+
+    def __init__(self, after_step: int, which: str, index: int = 0, handles: Callable[[], list[Any]] | None = None) -> None:
+        self.step, self.which, self.index, self.handles = after_step, which, index, handles
+        self.killed: list[Any] = []
+        """The handles killed."""
+
+    async def on_round(self, loop: Any) -> None:
+        if not self.killed and loop.version >= self.step and loop.pending:
+            loop.log.event(f"fault injection: killing the {self.which} actor {self.index} after step {loop.version}")
+            handle = (self.handles() if self.handles is not None else loop.reward_actors[self.which].slots())[self.index]
+            kill(handle)
+            self.killed.append(handle)
+
+    async def after_step(self, loop: Any) -> None:
+        return None
+
+
 class KillLearner:
     """Loop hook: kill learner rank ``rank`` (``critic=True``: PPO's critic rank) right after step
     ``after_step`` was logged (so the next step, or the checkpoint after it, finds it dead)."""
@@ -414,7 +497,10 @@ class FakeRun:
     groups without a learning signal aside in the queue); ``worker_restarts``: replace a dead
     rollout worker at most this many times (:mod:`agentrl.engine.loop.rollout_failover`; None:
     no replacement, its groups are only lost); ``colocated``, ``sleep_level``: as
-    :class:`~agentrl.engine.loop.loop.LoopSettings` (generators and learner take turns).
+    :class:`~agentrl.engine.loop.loop.LoopSettings` (generators and learner take turns);
+    ``judges``: a separate judge's fake generators that score every episode, ``reward_model``: a
+    :class:`FakeRewardModel` that does too; ``reward_restarts``: replace a dead one of them at most
+    this many times (None: no replacement, :mod:`agentrl.engine.rewards.reward_actors`).
     """
 
     def __init__(
@@ -424,6 +510,7 @@ class FakeRun:
         timeout_s: float = 30.0, max_degenerate_steps: int = 0, critic: dict[str, Any] | None = None, critic_warmup: int = 0,
         dynamic_sampling: str = "off", max_sampling_factor: float = 3.0, solved_reward: float = 1.0,
         worker_restarts: int | None = None, colocated: bool = False, sleep_level: int = 0,
+        judges: int = 0, reward_model: bool = False, reward_restarts: int | None = 2,
     ) -> None:
         import functools
 
@@ -446,6 +533,12 @@ class FakeRun:
         self.num_workers = num_workers
         self.checkpoint_every, self.max_restarts = checkpoint_every, max_restarts
         self.worker_kwargs = dict(worker or {})
+        from agentrl.engine.rewards.reward_actors import RewardActors
+
+        self.judges, self.with_reward_model, self.reward_restarts = judges, reward_model, reward_restarts
+        self.rewards = RewardActors()
+        """The fake judge generators and reward model, once started (replacements write here)."""
+        self.reward_actors_made = 0
         self.worker_restarts = worker_restarts
         self.workers_made = 0
         self.hooks = list(hooks or [])
@@ -497,11 +590,19 @@ class FakeRun:
         await self.learners.start({})
         if self.critic is not None:
             await self.critic.start({})
+        self.rewards.judge_generators = [self._spawn_reward_actor(("judge", i)) for i in range(self.judges)]
+        self.rewards.reward_model = self._spawn_reward_actor(("reward_model", 0)) if self.with_reward_model else None
         self.fleet.workers = [self._make_worker(i) for i in range(self.num_workers)]
+
+    def _spawn_reward_actor(self, spec: tuple[str, int]) -> LocalActor:
+        """A fake reward actor for ``spec`` (``(kind, index)``: this run's stand-in for an ActorSpec)."""
+        self.reward_actors_made += 1
+        kind, i = spec
+        return local_actor(FakeGenerator(0) if kind == "judge" else FakeRewardModel(), f"{kind} {i}")
 
     def _make_worker(self, index: int) -> LocalActor:
         self.workers_made += 1
-        return local_actor(FakeWorker(self.fleet.generators, **self.worker_kwargs), f"worker {index}")
+        return local_actor(FakeWorker(self.fleet.generators, **self.worker_kwargs, **self.rewards.worker_kwargs()), f"worker {index}")
 
     async def run(self, state: Any = None) -> Any:
         """Start, then run the loop (with learner failover) from ``state``; the finished loop."""
@@ -535,6 +636,15 @@ class FakeRun:
 
             rollout_failover = RolloutFailover(workers=lambda: self.fleet.workers, start=start_worker,
                                                max_restarts=self.worker_restarts, log=self.log, ping_timeout_s=5.0)
+        reward_slots = {}
+        if self.reward_restarts is not None:
+            from agentrl.engine.rewards.reward_actors import reward_actor_slots
+
+            reward_slots = reward_actor_slots(
+                self.rewards, [("judge", i) for i in range(self.judges)], ("reward_model", 0), workers=lambda: self.fleet.workers,
+                log=self.log, judge_max_restarts=self.reward_restarts, rm_max_restarts=self.reward_restarts,
+                startup_timeout_s=30.0, probe_timeout_s=5.0, spawn=self._spawn_reward_actor,
+            )
 
         async def run(at: Any) -> RLLoop:
             queue = StalenessQueue(batch_size=self.batch_size, group_size=self.group_size, max_staleness=self.max_staleness,
@@ -545,6 +655,7 @@ class FakeRun:
                 rows=self.rows, queue=queue, ledger=ledger, fleet=self.fleet, publisher=self.publisher, learners=self.learners,
                 batch=self.batch, settings=self.settings, log=self.log, run_dir=self.run_dir, checkpoint=checkpointer.save,
                 version=at.version if at is not None else 0, hooks=self.hooks, critic=stage, rollout_failover=rollout_failover,
+                reward_actors=reward_slots,
             )
             await loop.run()
             return loop

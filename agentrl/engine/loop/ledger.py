@@ -101,12 +101,14 @@ class PromptLedger:
         return idx % self.num_rows
 
     # ------------------------------------------------------------------ outcomes
-    def finish(self, key: Hashable, group: list[Trajectory], error: str = "", worker_died: bool = False) -> Outcome:
+    def finish(self, key: Hashable, group: list[Trajectory], error: str = "", actor_replaced: bool = False) -> Outcome:
         """Account for the group issued under ``key``: ``group`` holds its episodes ([] when the
-        call failed, with ``error`` saying why). Raises InfraError when groups keep being lost.
-        ``worker_died``: the group was lost with its rollout worker, which was replaced
-        (:mod:`agentrl.engine.loop.rollout_failover`): re-issued as usual, but not counted
-        towards ``max_lost_in_a_row`` (one process died; the rollout is not broken)."""
+        call failed, with ``error`` saying why; for a group of failed episodes ``error``, when
+        given, says why in place of the first episode's error). Raises InfraError when groups keep
+        being lost. ``actor_replaced``: the group was lost with an actor that was replaced (its
+        rollout worker, :mod:`agentrl.engine.loop.rollout_failover`; the judge generator or reward
+        model scoring it): re-issued as usual, but not counted towards ``max_lost_in_a_row`` (one
+        process died; the rollout is not broken)."""
         idx, gid = self.in_flight.pop(key)
         failed = [t for t in group if not t.trainable]
         agent_failed = sum(t.status == AGENT_FAILURE for t in failed)
@@ -116,11 +118,11 @@ class PromptLedger:
         if group and len(failed) < len(group):
             self.lost_in_a_row = 0
             return Outcome.QUEUED
-        if group:
+        if group and not error:
             error = failed[0].info.get("error", "") or failed[0].status
         what = "in the agent program" if group and agent_failed == len(group) else "on infrastructure"
         self.last_error = f"group {gid} failed {what} ({error[:200]})"
-        self.lost_in_a_row += 0 if worker_died else 1
+        self.lost_in_a_row += 0 if actor_replaced else 1
         if self.lost_in_a_row > self.max_lost_in_a_row:
             raise InfraError(f"rollout keeps failing ({self.lost_in_a_row} groups lost in a row); last: {error[:300]}")
         self.attempts[idx] += 1

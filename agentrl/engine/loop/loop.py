@@ -28,11 +28,12 @@ import asyncio
 import itertools
 import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agentrl.engine.common.audit import AuditLog, set_aside_audit_path
+from agentrl.engine.common.replacement import ActorSlots
 from agentrl.engine.loop.batching import FAILED, SOLVED, BatchSettings, batch_samples, no_signal_reason, staleness_histogram
 from agentrl.engine.loop.critic_stage import CriticStage
 from agentrl.engine.loop.degenerate import diagnose_step
@@ -120,12 +121,19 @@ class RLLoop:
         run_dir: RunDir, checkpoint: Callable[[RunState], Awaitable[Any]] | None = None, evaluate: Evaluation | None = None,
         version: int = 0, clock: Callable[[], float] = time.monotonic, hooks: Sequence[LoopHook] = (),
         critic: CriticStage | None = None, rollout_failover: RolloutFailover | None = None,
+        reward_actors: Mapping[str, ActorSlots] | None = None,
     ) -> None:
         self.rows = rows
         self.rollout_failover = rollout_failover
         """Replaces a rollout worker that died (None: a dead worker's groups are only lost)."""
         self._worker_of: dict[int, Any] = {}
         """The rollout worker of each group in flight, by ledger key."""
+        self.reward_actors: Mapping[str, ActorSlots] = dict(reward_actors or {})
+        """The replaceable reward actors (a separate judge's generators, the reward model) by the
+        scorer name an episode's ``info["reward_failure"]`` gives them; checked (and a dead one
+        replaced) when an episode's scoring by them failed."""
+        self._reward_restarts_at: dict[int, dict[str, int]] = {}
+        """Each reward actor kind's replacements so far when each group in flight was issued, by ledger key."""
         self.queue = queue
         self.ledger = ledger
         self.fleet = fleet
@@ -208,6 +216,8 @@ class RLLoop:
             row = self.rows[self.ledger.row_index(idx)]
             worker = workers[next(self._worker_turn) % len(workers)]
             self._worker_of[key] = worker
+            if self.reward_actors:
+                self._reward_restarts_at[key] = {name: a.restarts for name, a in self.reward_actors.items()}
             fut = asyncio.ensure_future(
                 timed(worker.run_group.remote(row, idx, gid, self.settings.group_size), self.settings.episode_timeout_s, f"group {gid}")
             )
@@ -243,6 +253,7 @@ class RLLoop:
     async def _group_done(self, fut: asyncio.Future) -> None:
         key = self.pending.pop(fut)
         worker = self._worker_of.pop(key, None)
+        reward_restarts_at = self._reward_restarts_at.pop(key, {})
         error = ""
         worker_died = False
         try:
@@ -256,13 +267,16 @@ class RLLoop:
         failed = [t for t in group if not t.trainable]
         if not group or any("GeneratorError" in t.info.get("error", "") for t in failed):
             await self.fleet.heal(self.version)
+        replaced = await self._reward_actors_lost(failed, reward_restarts_at)
+        if replaced and not worker_died:  # said once, by the replacement's event; one short line per group here
+            error, worker_died = f"its {replaced} died", True
         if failed:  # the first failure of the group, with its error (an agent's traceback), for reading
             t = failed[0]
             with self.run_dir.samples.open("a") as f:
                 f.write(json.dumps({"version": self.version, "group_id": t.group_id, "sample": t.sample_index,
                                     "reward": t.reward, "status": t.status, "error": t.info.get("error", ""),
                                     "text": t.info.get("text", ""), "spans": t.info.get("spans", [])}) + "\n")
-        outcome = self.ledger.finish(key, group, error, worker_died=worker_died)
+        outcome = self.ledger.finish(key, group, error, actor_replaced=worker_died)
         if outcome is Outcome.QUEUED:
             reason = self.queue.put(group)
             if reason is not None:  # refill: sampled, no learning signal
@@ -273,6 +287,15 @@ class RLLoop:
         self.queue.mark_lost(self.settings.group_size)
         what = "re-issued" if outcome is Outcome.RETRY else "abandoned"
         self.log.event(f"{self.ledger.last_error}; {what}")
+
+    async def _reward_actors_lost(self, failed: list[Trajectory], restarts_at: dict[str, int]) -> str:
+        """Check the reward actors whose scoring failed an episode of ``failed`` (a dead one is
+        replaced now); the kind in words of one replaced since the group was issued (its
+        episodes' failures are that death's), or "" when none was."""
+        names = {n.strip() for t in failed for n in t.info.get("reward_failure", "").split(",")} & self.reward_actors.keys()
+        for name in sorted(names):
+            await self.reward_actors[name].check()  # past its bound: an error in words stops the run
+        return next((self.reward_actors[n].name for n in sorted(names) if self.reward_actors[n].restarts > restarts_at.get(n, 0)), "")
 
     # ------------------------------------------------------------------ steps
     async def _train(self, batch: list[list[Trajectory]], version: int) -> dict[str, Any]:

@@ -30,7 +30,12 @@ from agentrl.engine.rewards.judge import LLMJudge, judge_fields
 from agentrl.engine.common.trajectory import Trajectory
 from agentrl.errors import RewardModelError
 
-__all__ = ["EpisodeScorer", "RewardSettings", "reward_model_item"]
+__all__ = ["JUDGE", "REWARD_MODEL", "EpisodeScorer", "RewardSettings", "reward_model_item"]
+
+JUDGE = "judge"
+"""The judge's name in ``info["reward_failure"]``."""
+REWARD_MODEL = "reward_model"
+"""The reward model's name in ``info["reward_failure"]``."""
 
 
 @dataclass(frozen=True)
@@ -125,13 +130,13 @@ class EpisodeScorer:
                 parts["judge_score"], text = await self.judge.score(fields)  # type: ignore[union-attr]
                 answer.append(text)
             except RewardModelError as exc:
-                failures["judge"] = str(exc)
+                failures[JUDGE] = str(exc)
 
         async def run_rm() -> None:
             try:
                 parts["rm_score"] = await self._rm_score(fields)
             except RewardModelError as exc:
-                failures["reward_model"] = str(exc)
+                failures[REWARD_MODEL] = str(exc)
 
         episode = {"completion": fields["response"], "messages": list(messages or []), "row": dict(row), "env_reward": float(t.reward)}
 
