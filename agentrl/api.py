@@ -93,9 +93,11 @@ def train(
     counters). ``fresh``/``resume_from``: as ``--fresh``/``--resume-from``; ``hooks``: RL loop
     hooks (:class:`~agentrl.engine.loop.loop.LoopHook`)."""
     from agentrl.engine.controller import Controller
+    from agentrl.quiet import no_progress_bars
 
     r = load(recipe, set=set, **overrides)
-    return Controller(r, hooks=hooks, fresh=fresh, resume_from=resume_from).run()
+    with no_progress_bars():  # agentrl's console only: no transformers/Hub bars beside it
+        return Controller(r, hooks=hooks, fresh=fresh, resume_from=resume_from).run()
 
 
 def check(recipe: Any, *, dry_run: bool = False, echo: Callable[[str], None] = print, set: Sequence[str] = (), **overrides: Any) -> bool:
@@ -109,8 +111,10 @@ def check(recipe: Any, *, dry_run: bool = False, echo: Callable[[str], None] = p
         load_reward_functions(r)  # the user's reward functions import (a ConfigError names the key)
         return True
     from agentrl.dryrun import dry_run as run_checks
+    from agentrl.quiet import no_progress_bars
 
-    return run_checks(r, echo=echo)
+    with no_progress_bars():
+        return run_checks(r, echo=echo)
 
 
 def evaluate(recipe: Any, checkpoint: str | Path, *, set: Sequence[str] = (), **overrides: Any) -> RunSummary:

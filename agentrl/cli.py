@@ -19,12 +19,14 @@ run ships the modules the recipe names to every Ray worker (:mod:`agentrl.user_c
 ``PYTHONPATH`` needed.
 
 Errors agentrl raises on purpose print one clear message and exit with status 2; anything else
-is a bug and shows its traceback.
+is a bug and shows its traceback. Third-party progress bars (transformers, huggingface_hub,
+datasets, tqdm) are off on this console (:mod:`agentrl.quiet`): agentrl prints its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -245,6 +247,19 @@ def main(argv: Sequence[str] | None = None, *, hooks: Sequence[Any] = ()) -> int
     loop hooks for ``train`` and ``eval`` (:class:`agentrl.engine.loop.loop.LoopHook`; fault
     injection in tests)."""
     args = _parser().parse_args(argv)
+    from agentrl.quiet import no_progress_bars, quiet_environment
+
+    added = quiet_environment()  # before the libraries are imported: no third-party progress bars on this console
+    try:
+        with no_progress_bars():
+            return _command(args, hooks)
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
+def _command(args: argparse.Namespace, hooks: Sequence[Any]) -> int:
+    """Run the parsed command; its exit status (2 for an AgentRLError, said in one line)."""
     try:
         if args.command == "train":
             return _train(args, hooks)

@@ -201,7 +201,10 @@ def _load_hub(name: str, split: str, limit: int | None) -> list[Any]:
     elif offline is not None:
         offline = f"{offline} is set"
     repo, _, config = name.partition(":")
+    bars = not datasets.are_progress_bars_disabled()
     try:
+        if bars:  # agentrl's console has its own progress: no "Generating train split" bars beside it
+            datasets.disable_progress_bars()
         with _offline_mode(offline is not None):
             table = datasets.load_dataset(repo, config or None, split=split)
     except Exception as exc:  # DatasetNotFoundError, connection errors, unknown split, not cached
@@ -211,6 +214,9 @@ def _load_hub(name: str, split: str, limit: int | None) -> list[Any]:
                 f".jsonl/.json/.csv/.parquet file, or load the Hub dataset once while online ({type(exc).__name__})"
             ) from exc
         raise DataError(f"{name}: cannot load split {split!r} from the Hugging Face Hub: {type(exc).__name__}: {exc}") from exc
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
     if limit is not None:
         table = table.select(range(min(limit, len(table))))
     return table.to_list()
