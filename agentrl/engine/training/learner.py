@@ -129,6 +129,27 @@ class _AdapterOff:
         return None
 
 
+class _StepClock:
+    """Splits a training step's time into named parts: each :meth:`lap` charges the seconds
+    since the previous lap (or the step's start ``t0``, a ``time.monotonic()`` value) to its
+    part, so the parts add up to the step's time up to the last lap."""
+
+    PARTS = ("plan", "pad", "proximal", "forward_backward", "stats", "optimizer")
+
+    def __init__(self, t0: float) -> None:
+        self.last = t0
+        self.parts = dict.fromkeys(self.PARTS, 0.0)
+
+    def lap(self, part: str) -> None:
+        now = time.monotonic()
+        self.parts[part] += now - self.last
+        self.last = now
+
+    def seconds(self) -> dict[str, float]:
+        """``step_<part>_s`` for every part."""
+        return {f"step_{k}_s": v for k, v in self.parts.items()}
+
+
 class Learner(FsdpRank):
     """One learner rank: an :class:`~agentrl.engine.training.fsdp_rank.FsdpRank` that trains the policy.
     Call ``setup()`` on every rank before anything else.
@@ -355,7 +376,12 @@ class Learner(FsdpRank):
         sampled by the weights this learner holds: numeric mismatch alone; needs ``versions``),
         ``current_version_tokens``, ``trained_tokens``, ``padding_fraction`` (padded slots over
         all slots of the micro-batches), ``grad_norm`` (of the last update), ``skipped_updates``
-        (non-finite gradient norm), ``lr``, ``step``, ``updates``, ``train_s``.
+        (non-finite gradient norm), ``lr``, ``step``, ``updates``, ``train_s``, and where those
+        seconds went on this rank (:class:`_StepClock`): ``step_plan_s`` (mini-batch split and
+        micro-batch planning), ``step_pad_s`` (building each micro-batch's padded tensors),
+        ``step_proximal_s`` (the no-grad proximal pass, 0 without one),
+        ``step_forward_backward_s``, ``step_stats_s`` (the metrics, the audit record, their
+        all-reduce), ``step_optimizer_s`` (clipping and the optimizer update).
         """
         self.require_setup()
         self._check_samples(samples, rl=True)
@@ -367,6 +393,8 @@ class Learner(FsdpRank):
         grad_norm, skipped = 0.0, 0
         minibatches = [[samples[i] for i in mb] for mb in self.minibatches(len(samples))]
         plans = [self.plan(rows) for rows in minibatches]
+        clock = _StepClock(t0)
+        clock.lap("plan")
         proximal: dict[tuple[int, int], torch.Tensor] = {}
         if self.recompute_proximal and samples:
             self.policy.eval()
@@ -376,11 +404,14 @@ class Learner(FsdpRank):
                         lp = batch.pad(self._forward(self.policy, batch)[0])
                         if real:
                             proximal[(u, k)] = lp
+            clock.lap("proximal")
         self.policy.train()
         for u, (rows_of, plan) in enumerate(zip(minibatches, plans)):
             num_tokens = float(sum(sum(1 for m in s["loss_mask"][1:] if m) for s in rows_of))
             num_seqs = float(sum(1 for s in rows_of if any(s["loss_mask"][1:])))
+            clock.lap("plan")
             for k, (_, batch, real) in enumerate(self.my_share(rows_of, plan, True)):
+                clock.lap("pad")  # the micro-batch's tensors, built as my_share yields it
                 lp_flat, ent_flat = self._forward(self.policy, batch, with_entropy=self.compute_entropy)
                 lp = batch.pad(lp_flat)
                 ref = None
@@ -393,6 +424,7 @@ class Learner(FsdpRank):
                     proximal_logprobs=proximal.get((u, k)), ref_logprobs=ref, num_tokens=num_tokens, num_seqs=num_seqs,
                 )
                 (loss * (self.world_size if real else 0.0)).backward()
+                clock.lap("forward_backward")
                 if not real:
                     continue
                 with torch.no_grad():
@@ -409,7 +441,9 @@ class Learner(FsdpRank):
                 acc[at["loss"] : at["real"]] += extra
                 acc[at["real"]] += batch.real_tokens
                 acc[at["slots"]] += batch.slots
+                clock.lap("stats")
             grad_norm, finite = self.optimizer_update()
+            clock.lap("optimizer")
             skipped += int(not finite)
         self.step += 1
         if self.audit is not None:
@@ -422,6 +456,7 @@ class Learner(FsdpRank):
             })
         if self.world_size > 1:
             dist.all_reduce(acc)
+        clock.lap("stats")
         tok = max(1.0, acc[at["tokens"]].item())
         cur_tok = acc[at["cur_tokens"]].item()
         return {
@@ -445,6 +480,7 @@ class Learner(FsdpRank):
             "step": float(self.step),
             "updates": float(self.updates),
             "train_s": time.monotonic() - t0,
+            **clock.seconds(),
         }
 
     def hold_step(self) -> dict[str, float]:
