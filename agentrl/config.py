@@ -116,8 +116,9 @@ class DataConfig(_Section):
 
     source: str = "synthetic:calc"
     """``synthetic:calc`` (generated offline), a local ``.jsonl``/``.json``/``.csv``/``.parquet``
-    file (by suffix; rows of ``question``/``answer``, or of a ``messages`` prompt conversation and
-    ``answer``), or a hub dataset name (``owner/name``, ``owner/name:config``)."""
+    file (by suffix; rows of ``question``/``answer``, or of chat ``messages``: the prompt is the
+    conversation up to a final assistant turn, which is the ``answer`` when the row has none),
+    or a hub dataset name (``owner/name``, ``owner/name:config``)."""
     split: str = "train"
     """Dataset split for file or hub sources."""
     fields: dict[str, str] = {}
