@@ -547,7 +547,7 @@ class CriticConfig(_Section):
     activation_checkpointing: bool | None = None
     """Recompute each decoder layer's activations in the critic's backward pass (as
     ``learner.activation_checkpointing``); None: the learner's setting. The critic's precision
-    is the learner's: ``model.dtype = "bfloat16"`` on GPU is mixed precision for both."""
+    is the learner's: ``model.dtype = "bfloat16"`` is mixed precision for both, on GPUs and CPUs."""
     allow_cpu: bool = False
     """Train the critic on the CPU (``num_gpus = 0``) although the learner has GPUs: the whole
     value model in float32 on the CPU, far slower than the learner. Without it such a recipe is
