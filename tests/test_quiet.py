@@ -14,9 +14,10 @@ BAR = "Writing model shards"
 
 BUILD = """
 import sys
-from agentrl.models.tiny import TinyModelSpec, build_tiny_model
 
 def build(out):
+    from agentrl.models.tiny import TinyModelSpec, build_tiny_model  # imports transformers: at the first build
+
     build_tiny_model(out, ["Compute 1+2. <code>1+2</code> \\\\boxed{3}"] * 20, TinyModelSpec(vocab_size=300, hidden_size=64,
                      num_layers=1, num_heads=1, num_kv_heads=1, intermediate_size=64, max_position_embeddings=256))
     sys.stderr.flush()
@@ -41,33 +42,24 @@ def _env() -> dict[str, str]:
 
 
 def test_the_python_api_turns_the_bars_off_for_its_call_and_back_on_after(tmp_path):
-    """transformers imported before the call (as a user's script may have): its bar shows, not
-    within no_progress_bars (what agentrl.train and agentrl.check(dry_run=True) run in), and again
-    after it."""
-    code = BUILD + (
-        "import transformers\n"
-        "from agentrl.quiet import no_progress_bars\n"
-        "print('-- before', file=sys.stderr); build('a')\n"
-        "with no_progress_bars():\n"
-        "    print('-- within', file=sys.stderr); build('b')\n"
-        "print('-- after', file=sys.stderr); build('c')\n"
-    )
-    err = _run(code, tmp_path).stderr
-    before, within, after = err.split("-- before")[1].split("-- within")[0], *err.split("-- within")[1].split("-- after")
-    assert BAR in before and BAR in after, err  # the bar is there to be silenced
-    assert BAR not in within and "it/s" not in within, within
-
-
-def test_transformers_imported_within_the_call_follows_the_hub_switch(tmp_path):
+    """Within no_progress_bars (what agentrl.train, agentrl.evaluate and agentrl.check(dry_run=True)
+    run in) no bar, whether transformers is first imported within the call or was imported
+    before it (as a user's script may have); after the call the bar is back."""
     code = BUILD + (
         "from agentrl.quiet import no_progress_bars\n"
+        "assert 'transformers' not in sys.modules\n"
         "with no_progress_bars():\n"
-        "    print('-- within', file=sys.stderr); build('b')\n"
-        "print('-- after', file=sys.stderr); build('c')\n"
+        "    print('-- within, imported within', file=sys.stderr); build('a')\n"
+        "print('-- after', file=sys.stderr); build('b')\n"
+        "with no_progress_bars():\n"
+        "    print('-- within, imported before', file=sys.stderr); build('c')\n"
+        "print('-- after', file=sys.stderr); build('d')\n"
     )
     err = _run(code, tmp_path).stderr
-    within, after = err.split("-- within")[1].split("-- after")
-    assert BAR not in within and BAR in after, err
+    parts = err.split("-- ")[1:]
+    assert [p.split("\n")[0] for p in parts] == ["within, imported within", "after", "within, imported before", "after"], err
+    assert [BAR in p for p in parts] == [False, True, False, True], err  # after: the bar is there to be silenced
+    assert not any("it/s" in p for p in parts[::2]), err
 
 
 def test_the_agentrl_command_prints_no_third_party_bar(tmp_path):
