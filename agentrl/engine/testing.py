@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -319,11 +320,13 @@ class FakeLearner:
         return {"rank": self.rank, "fake": True}
 
     async def train_step(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        t0 = time.monotonic()
         await asyncio.sleep(self.step_delay_s)
         self.step += 1
         if self.rank == 0:
             self.trained.append((self.step, [s["id"] for s in samples]))
-        return {"step": self.step, "trained_tokens": sum(sum(s["loss_mask"]) for s in samples), "loss": 0.0, "lr": 0.0}
+        return {"step": self.step, "trained_tokens": sum(sum(s["loss_mask"]) for s in samples), "loss": 0.0, "lr": 0.0,
+                "train_s": time.monotonic() - t0}
 
     async def hold_step(self) -> dict[str, Any]:
         """A critic warm-up step: the version advances, nothing is trained (recorded as ``held``)."""

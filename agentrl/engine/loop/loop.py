@@ -335,6 +335,8 @@ class RLLoop:
             **{k: v for k, v in m.items() if k != "step"},
             "staleness_hist": hist,
             "train_tokens_per_s": m["trained_tokens"] / max(1e-9, train_s),
+            # the batch's way to the ranks and the metrics' way back: the call's time beyond the rank's own
+            **({"step_transfer_s": max(0.0, train_s - m["train_s"])} if self.critic is None and "train_s" in m else {}),
             "publish_s": learner_busy_s - train_s,
             "update_stall_s": max(stalls) if stalls else 0.0,
             "learner_busy_s": learner_busy_s,

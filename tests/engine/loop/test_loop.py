@@ -236,3 +236,14 @@ def test_colocated_steps_wait_for_every_group_in_flight(tmp_path):
     asyncio.run(FakeRun(tmp_path / "colo", rows=ROWS, max_steps=3, max_staleness=1, worker=slow, learner=step, hooks=[Probe()],
                         colocated=True).run())
     assert Probe.overlaps == 0
+
+
+def test_a_step_reports_the_learner_calls_time_beyond_the_ranks_own_as_transfer(tmp_path):
+    """``step_transfer_s``: the loop's time for the learner call less the rank's own ``train_s``
+    (the batch's way to the ranks and back), not the call's whole time."""
+    run = FakeRun(tmp_path, rows=ROWS, max_steps=2, max_staleness=1, learner={"step_delay_s": 0.3})
+    asyncio.run(run.run())
+    steps = [r for r in map(json.loads, run.run_dir.metrics.read_text().splitlines()) if r["kind"] == "step"]
+    assert len(steps) == 2
+    for s in steps:
+        assert s["train_s"] >= 0.3 and 0.0 <= s["step_transfer_s"] < 0.3, s
