@@ -34,7 +34,7 @@ Covered:
 * **Memory bomb** (all; ``test_memory_bomb``). ``RLIMIT_AS`` per process: ``memory_mb`` on top of
   the address space the interpreter holds when it is handed the code, on every backend and in every
   mode (a fresh interpreter holds about 10 MB, a warm one with numpy and sympy about 200 MB; one
-  implementation, ``agentrl.sandbox._guest.apply_limits``): allocations fail with
+  implementation, ``agentrl.sandbox.guest.limits.apply_limits``): allocations fail with
   ``MemoryError`` and ``memory_exceeded`` is set. A process killed by SIGKILL the sandbox did not
   send also counts as memory exceeded.
 * **Resources spread over many processes** (bwrap, docker; ``tests/sandbox/test_cgroups.py``:

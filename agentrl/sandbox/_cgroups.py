@@ -35,7 +35,7 @@ What the limits mean (:meth:`Cgroup.set_limits`):
 * CPU: ``cpu.max`` (v2) or ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (v1): at most ``cpus``
   cores' worth of CPU time per period (100 ms); the tree is throttled, not killed.
 
-Nothing here runs inside a sandbox; the guest side is :func:`agentrl.sandbox._guest.join_cgroups`.
+Nothing here runs inside a sandbox; the guest side is :func:`agentrl.sandbox.guest.limits.join_cgroups`.
 """
 
 from __future__ import annotations

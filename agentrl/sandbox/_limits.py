@@ -1,6 +1,6 @@
 """The resource limits of one execution, host side: their values, validation and wire form.
 
-They are applied inside the sandbox by :func:`agentrl.sandbox._guest.apply_limits`, the one place
+They are applied inside the sandbox by :func:`agentrl.sandbox.guest.limits.apply_limits`, the one place
 that sets rlimits (every backend and mode), whose docstring says what each limit means.
 """
 
@@ -19,7 +19,7 @@ NOFILE = 256
 
 @dataclass(frozen=True)
 class Limits:
-    """The limits of one execution (or session cell), as :func:`~agentrl.sandbox._guest.apply_limits`
+    """The limits of one execution (or session cell), as :func:`~agentrl.sandbox.guest.limits.apply_limits`
     takes them.
 
     Attributes:
@@ -50,7 +50,7 @@ class Limits:
         )
 
     def request_fields(self) -> dict[str, int]:
-        """The limits as fields of a guest request (the keys :func:`~agentrl.sandbox._guest.apply_limits`
+        """The limits as fields of a guest request (the keys :func:`~agentrl.sandbox.guest.limits.apply_limits`
         reads)."""
         return {
             "memory_bytes": self.memory_bytes,

@@ -6,7 +6,7 @@ installed where the user's code starts, after the sandbox's own setup, which nee
 calls (``unshare``, ``mount``, ``setns`` to build and reset warm trees):
 
 - per-execution mode: by bwrap itself (``--seccomp FD``), right before it starts the interpreter;
-- warm mode and sessions: by the guest runtime (:func:`agentrl.sandbox._guest.prepare_seccomp`), in
+- warm mode and sessions: by the guest runtime (:func:`agentrl.sandbox.guest.limits.prepare_seccomp`), in
   two stages whose conjunction is this filter. The warm server's fork helper loads
   ``program(setup=True)`` once: the same filter, except that it lets the tree's process enter the
   tree's namespaces (``setns``) and make its user namespace (``unshare(CLONE_NEWUSER)``, nothing

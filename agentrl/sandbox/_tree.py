@@ -1,4 +1,4 @@
-"""Host side of the guest protocol (:mod:`agentrl.sandbox._guest`): talking to execution trees.
+"""Host side of the guest protocol (:mod:`agentrl.sandbox.guest`): talking to execution trees.
 
 A *tree* is a process (tree) ready to run code: the pre-forked ``I``/``U`` pair of a warm
 bubblewrap worker, a session's persistent interpreter, or an unsafe-local session process. The host
@@ -16,7 +16,6 @@ import os
 import select
 import signal
 import socket
-import struct
 import subprocess
 import time
 from collections.abc import Sequence
@@ -25,7 +24,6 @@ from typing import Any
 
 import anyio
 
-from agentrl.sandbox._guest import RELEASE
 from agentrl.sandbox._limits import Limits
 from agentrl.sandbox._process import (
     DRAIN_GRACE_S,
@@ -35,22 +33,12 @@ from agentrl.sandbox._process import (
     exited,
     kill_group,
 )
+from agentrl.sandbox.guest.wire import CHUNK, RELEASE, encode
 
-_HDR = struct.Struct(">I")
 #: Largest event frame accepted from a tree (they are tiny; anything bigger is garbage).
 _MAX_EVENT = 1 << 16
 #: How long to wait for a killed tree to disappear before declaring the worker broken.
 _KILL_WAIT_S = 10.0
-
-
-def frame(obj: Any) -> bytes:  # the worker control channel and the Docker runner use frames
-    """One frame: 4-byte big-endian length, then JSON."""
-    data = json.dumps(obj, separators=(",", ":")).encode()
-    return _HDR.pack(len(data)) + data
-
-
-#: Largest piece of code per message on a tree channel (SOCK_SEQPACKET).
-_CHUNK = 32 * 1024
 
 
 class AsyncConn:
@@ -79,12 +67,12 @@ class AsyncConn:
     async def send_request(self, header: dict[str, Any], code: bytes, fds: tuple[int, ...]) -> None:
         """The request header (``fds`` attached) and, after a newline in the same message, as
         much of the code as fits in one chunk; then the rest in chunks (one message for most
-        code: :meth:`agentrl.sandbox._guest.Packets.recv_request`)."""
-        head = json.dumps({**header, "code_len": len(code)}, separators=(",", ":")).encode()
-        first = max(0, _CHUNK - len(head) - 1)
+        code: :meth:`agentrl.sandbox.guest.wire.Packets.recv_request`)."""
+        head = encode({**header, "code_len": len(code)})
+        first = max(0, CHUNK - len(head) - 1)
         await self._send(head + b"\n" + code[:first], fds)
-        for i in range(first, len(code), _CHUNK):
-            await self._send(code[i : i + _CHUNK])
+        for i in range(first, len(code), CHUNK):
+            await self._send(code[i : i + CHUNK])
 
     async def recv(self) -> dict[str, Any] | None:
         """The next parsable message, or ``None`` at end of stream."""
@@ -136,7 +124,7 @@ class Tree:
         reusable: a one-shot tree whose init the warm server resets and reuses after a normal end
             (its ``U`` exited by itself after killing the rest of the tree): then the host leaves
             the init alone, says so with a last message on the channel
-            (:data:`~agentrl.sandbox._guest.RELEASE`) and closes it (:attr:`keep_init`): the
+            (:data:`~agentrl.sandbox.guest.wire.RELEASE`) and closes it (:attr:`keep_init`): the
             server resets the tree only after both. Any other end kills the init as usual.
     """
 
@@ -237,7 +225,7 @@ def request_header(
     limits: Limits, timeout_s: float, session_memory_bytes: int | None = None
 ) -> dict[str, Any]:
     """The request frame the guest expects: the deadline and ``limits`` (applied by
-    :func:`agentrl.sandbox._guest.apply_limits`); a session cell also sends the session's memory."""
+    :func:`agentrl.sandbox.guest.limits.apply_limits`); a session cell also sends the session's memory."""
     return {
         "code_len": 0,
         "timeout_s": timeout_s,
@@ -263,7 +251,7 @@ async def run_on_tree(
     or ``exit`` (it died: the state is lost). At the deadline the whole tree is SIGKILLed (a
     session loses its state). If the caller is cancelled, the tree is killed too.
     ``extra_fds`` go with the request after the two pipes (the ``cgroup.procs`` descriptors the
-    code's process joins: :func:`agentrl.sandbox._guest.join_cgroups`); the caller keeps them.
+    code's process joins: :func:`agentrl.sandbox.guest.limits.join_cgroups`); the caller keeps them.
     """
     data = code.encode("utf-8", "surrogatepass")
     header = {**header, "code_len": len(data)}

@@ -1,5 +1,5 @@
 """Warm bubblewrap workers, host side: one container running the fork server
-(:func:`agentrl.sandbox._guest.server_main`), the pool of them a sandbox keeps, and which kind of
+(:class:`agentrl.sandbox.guest.warm.WarmServer`), the pool of them a sandbox keeps, and which kind of
 worker an execution goes to.
 
 Two kinds serve one-shot executions. A *full* worker has imported the sandbox's preloads (numpy
@@ -31,7 +31,8 @@ from agentrl.errors import SandboxError, SandboxUnavailable
 from agentrl.sandbox._cgroups import Cgroup
 from agentrl.sandbox._layout import SANDBOX_UID
 from agentrl.sandbox._process import kill_group
-from agentrl.sandbox._tree import AsyncConn, Tree, frame
+from agentrl.sandbox._tree import AsyncConn, Tree
+from agentrl.sandbox.guest.wire import HDR, frame
 
 __all__ = ["ImportRouter", "WarmPool", "WarmWorker", "new_userns"]
 
@@ -142,7 +143,7 @@ class WarmWorker:
         msg: dict[str, Any] | None = None
         if data:
             try:
-                msg = json.loads(data[4:])
+                msg = json.loads(data[HDR.size:])
             except ValueError:
                 msg = None
         if not isinstance(msg, dict) or msg.get("event") != "ready":
@@ -216,7 +217,7 @@ class WarmWorker:
             if not data:
                 return None, fds
             try:
-                return json.loads(data[4:]), fds
+                return json.loads(data[HDR.size:]), fds
             except ValueError:
                 for fd in fds:
                     os.close(fd)

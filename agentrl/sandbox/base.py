@@ -17,7 +17,8 @@ Two forms:
 
 Only the contract lives here; the backends' machinery is in private modules of the package
 (``_process``: process supervision, ``_limits``: limits, ``_layout``: host layout, ``_launch`` and
-``_guest``: the in-sandbox runtime, ``_tree``: its protocol, ``_backend``: shared backend code).
+the ``guest`` package: the in-sandbox runtime, ``_tree``: its protocol, ``_backend``: shared
+backend code).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Every namespace is unshared (no network at all: only a loopback interface of its
 environment is cleared, and the code runs as uid/gid 65534 with no capabilities under rlimits.
 
 **Warm mode** (``warm=True``, the default). Each worker is one long-lived ``bwrap`` container
-running a fork server (:mod:`agentrl.sandbox._guest`, mode ``server``) that has imported the
+running a fork server (:mod:`agentrl.sandbox.guest`, mode ``server``) that has imported the
 configured modules (numpy and sympy by default) and run a warm-up. Per execution the server hands
 out a *tree* it forked ahead of the request: ``I``, pid 1 of a fresh PID namespace with fresh mount
 and IPC namespaces, a fresh tmpfs on ``/tmp`` and ``/dev/shm`` and its own ``/proc`` (created by a
@@ -37,7 +37,7 @@ interpreter's: about 200 MB with numpy and sympy).
 
 **Per-execution mode** (``warm=False``). Each execution is a fresh ``bwrap`` container running
 ``python -I -S`` with the guest runtime's one-shot prelude, which applies the limits
-(:func:`agentrl.sandbox._guest.oneshot_prelude`; about 30 ms per execution, plus the imports the
+(:func:`agentrl.sandbox.guest.oneshot.oneshot_prelude`; about 30 ms per execution, plus the imports the
 code does).
 
 **Sessions** (:meth:`BubblewrapSandbox.session`): a tree whose ``U`` keeps one ``__main__``
@@ -383,7 +383,7 @@ class BubblewrapSandbox(SandboxBase):
         """One execution in a container of its own, tried again in a fresh container (at most
         :data:`START_ATTEMPTS` tries in all) while it fails *before the code started*.
 
-        "Started" is the one-shot prelude's marker byte (:func:`agentrl.sandbox._guest.oneshot_prelude`):
+        "Started" is the one-shot prelude's marker byte (:func:`agentrl.sandbox.guest.oneshot.oneshot_prelude`):
         written once bwrap has built the container and the interpreter has applied the limits
         and dropped to the sandbox uid, immediately before the code is compiled and run. A
         container that exited without it (and not at its deadline) never ran any of the code.
@@ -473,7 +473,7 @@ class BubblewrapSandbox(SandboxBase):
         "Started" is the tree's ``started`` event: ``U`` sends it once it has received the
         request, joined the execution's cgroup, applied the limits and pointed its output at the
         host's pipes, immediately before it compiles and runs the code
-        (:func:`agentrl.sandbox._guest.run_one`). Until the host has read that event, nothing of
+        (:func:`agentrl.sandbox.guest.execution.run_one`). Until the host has read that event, nothing of
         the code can have run, so a failure is the sandbox's alone (a worker that died, a tree
         whose processes were killed since it was forked, a setup error) and trying again on a
         fresh worker cannot run the code twice. After it, a failure belongs to the execution

@@ -16,7 +16,7 @@ the interpreter's prefix and the site-packages directories bound read-only, and 
   that drops to 65534 at once (the container is configured as uid 0 only because Docker gives an
   ``exec -u 0`` no effective capabilities in a container configured as non-root).
 
-An execution is one ``docker exec`` of the guest *runner* (:mod:`agentrl.sandbox._guest`) as uid 0
+An execution is one ``docker exec`` of the guest *runner* (:mod:`agentrl.sandbox.guest`) as uid 0
 with those three capabilities: it reads the code from the exec's stdin, forks a child that drops to
 uid 65534 and applies the rlimits, supervises it (deadline, output caps), then kills every other
 process of the container, wipes ``/tmp``, ``/dev/shm``, ``/dev/mqueue`` and System V IPC objects,
@@ -65,8 +65,8 @@ from agentrl.sandbox._layout import (
 )
 from agentrl.sandbox._limits import Limits
 from agentrl.sandbox._process import Capture, Raw, to_result
-from agentrl.sandbox._tree import frame
 from agentrl.sandbox.base import ExecResult
+from agentrl.sandbox.guest.wire import HDR, MAX_FRAME, frame
 
 __all__ = ["DockerSandbox", "DockerSession", "IMAGE_REPOSITORY", "ensure_image", "image_tag", "remove_containers_of"]
 
@@ -318,7 +318,7 @@ class DockerSandbox(SandboxBase):
 
         "Started" (see :meth:`run`) is the runner's word: its child sent ``started`` once it
         had received the request, applied the limits and dropped to the sandbox uid, right
-        before it compiles and runs the code (:func:`agentrl.sandbox._guest.run_one`). A
+        before it compiles and runs the code (:func:`agentrl.sandbox.guest.execution.run_one`). A
         container that cannot start an exec (it died: e.g. its init was OOM-killed) or a runner
         whose child failed before ``started`` never ran any of the code; the container is then
         removed, and :meth:`run` tries again in another.
@@ -642,8 +642,8 @@ class _RunnerExec:
         return out
 
     async def _recv_frame(self) -> dict[str, Any]:
-        (n,) = struct.unpack(">I", await self._read_stdout(4))
-        if n > 1 << 20:
+        (n,) = HDR.unpack(await self._read_stdout(HDR.size))
+        if n > MAX_FRAME:
             raise ValueError("frame too large")
         msg = json.loads(await self._read_stdout(n))
         if not isinstance(msg, dict) or msg.get("event") != "result":

@@ -17,7 +17,9 @@ from agentrl.sandbox import ExecResult, base
 from .conftest import BACKENDS, arun, run
 
 PACKAGE = Path(__file__).resolve().parents[2] / "agentrl" / "sandbox"
-MODULES = sorted(PACKAGE.glob("*.py"))
+MODULES = sorted(PACKAGE.glob("*.py")) + sorted(PACKAGE.glob("guest/*.py"))
+#: The guest's file that holds ``apply_limits``.
+GUEST_LIMITS = PACKAGE / "guest" / "limits.py"
 
 
 def _tree(path: Path) -> ast.Module:
@@ -41,12 +43,12 @@ def _imports(path: Path) -> Iterator[tuple[str, str | None]]:
 
 
 def test_the_package_has_the_modules_this_test_knows() -> None:
-    names = {p.name for p in MODULES}
-    assert {"base.py", "_process.py", "_limits.py", "_layout.py", "_launch.py", "_guest.py"} <= names
+    names = {str(p.relative_to(PACKAGE)) for p in MODULES}
+    assert {"base.py", "_process.py", "_limits.py", "_layout.py", "_launch.py", "guest/limits.py"} <= names
     assert "_common.py" not in names
 
 
-@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_no_private_names_are_imported_from_other_modules(path: Path) -> None:
     private = [
         f"from {module} import {name}"
@@ -72,7 +74,7 @@ def test_base_is_the_public_contract_only() -> None:
 
 
 def test_only_the_guest_runtime_sets_rlimits() -> None:
-    """One in-sandbox runtime: ``_guest.apply_limits`` is the only code that sets rlimits, and
+    """One in-sandbox runtime: ``guest/limits.apply_limits`` is the only code that sets rlimits, and
     the one-shot bootstrap is cut out of the guest (not a second copy)."""
     for path in MODULES:
         calls = [
@@ -80,7 +82,7 @@ def test_only_the_guest_runtime_sets_rlimits() -> None:
             for node in ast.walk(_tree(path))
             if isinstance(node, ast.Attribute) and node.attr == "setrlimit"
         ]
-        if path.name == "_guest.py":
+        if path == GUEST_LIMITS:
             guest = _tree(path)
             owners = [
                 f.name for f in ast.walk(guest) if isinstance(f, ast.FunctionDef)
@@ -89,11 +91,12 @@ def test_only_the_guest_runtime_sets_rlimits() -> None:
             assert owners == ["apply_limits"], owners
         else:
             assert calls == [], f"{path.name} sets rlimits at lines {calls}"
-    from agentrl.sandbox._launch import GUEST_SOURCE, oneshot_source
+    from agentrl.sandbox._launch import oneshot_source
 
-    guest = _tree(PACKAGE / "_guest.py")
+    guest_source = GUEST_LIMITS.read_text(encoding="utf-8")
+    guest = _tree(GUEST_LIMITS)
     apply_limits = next(f for f in guest.body if isinstance(f, ast.FunctionDef) and f.name == "apply_limits")
-    assert ast.get_source_segment(GUEST_SOURCE, apply_limits) in oneshot_source()
+    assert ast.get_source_segment(guest_source, apply_limits) in oneshot_source()
 
 
 # --- the one meaning of memory_mb ------------------------------------------------------------
