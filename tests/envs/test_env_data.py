@@ -342,3 +342,25 @@ def test_the_docs_conversational_row_loads_as_the_docs_say(tmp_path: Path) -> No
     (tmp_path / "chat.jsonl").write_text(match.group(1))
     [row] = load_rows(str(tmp_path / "chat.jsonl"))
     assert [m["role"] for m in row["messages"]] == ["system", "user"] and row["answer"] == "42"
+
+
+def test_a_hub_dataset_loads_without_datasets_progress_bars(monkeypatch) -> None:
+    """datasets' own bars ("Generating train split") are off while a Hub dataset loads, and as
+    they were after it."""
+    import datasets
+
+    seen = []
+
+    def load_dataset(*args, **kwargs):
+        seen.append(datasets.are_progress_bars_disabled())
+        return datasets.Dataset.from_list([{"question": "q", "answer": "1"}])
+
+    import sys
+
+    bars = sys.modules["datasets.utils.tqdm"]  # on, whatever this process's environment said at import
+    monkeypatch.setattr(bars, "HF_DATASETS_DISABLE_PROGRESS_BARS", None)
+    monkeypatch.setattr(bars, "_hf_datasets_progress_bars_disabled", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    assert load_rows("owner/cached") == [{"question": "q", "answer": "1"}]
+    assert seen == [True] and not datasets.are_progress_bars_disabled()
