@@ -175,6 +175,20 @@ def run_then_ctrl_c(cmd: list[str], run_dir: Path, log_path: Path, env: dict[str
                 pass
 
 
+def actor_pids(run_dir: Path, actor: str) -> list[int]:
+    """The processes of the run's engine actor ``actor`` (``critic-0``, ``reward-model``): those
+    whose output goes to ``RUN_DIR/logs/<actor>.log`` (their AGENTRL_ACTOR_LOG)."""
+    log = str((Path(run_dir) / "logs" / f"{actor}.log").resolve())
+    out = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("AGENTRL_ACTOR_LOG") == log:
+                out.append(proc.pid)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return out
+
+
 def placements(run_dir: Path) -> list[str]:
     """The placement each invocation of a run resolved (``separate`` / ``colocated``), in order,
     from its ``metrics.jsonl`` events."""

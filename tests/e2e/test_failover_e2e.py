@@ -1,8 +1,11 @@
-"""Failover for real, one run that loses two components (issues 33, 37): `agentrl train` on the
-tiny main job with checkpoints, the rollout worker's process killed with SIGKILL at step 2, then
-the learner rank's process at step 5 (from outside, as the OOM killer would).
+"""Failover for real, one run that loses three components (issues 33, 37): `agentrl train` on the
+tiny main job with checkpoints and a reward model (the tiny model with a seeded classifier head,
+weight 0: it scores every episode, the reward stays the environment's), the rollout worker's
+process killed with SIGKILL at step 2, the reward model's actor at step 3, then the learner
+rank's process at step 5 (from outside, as the OOM killer would).
 
-The run replaces the worker with one of the same settings (re-issuing the groups it had in flight)
+The run replaces the worker with one of the same settings (re-issuing the groups it had in flight),
+replaces the reward model (the episodes it was scoring are infrastructure failures, never a 0),
 and restarts the learner from the newest checkpoint, in the same process, and completes every
 step. Each replacement is one event in metrics.jsonl and one plain console line (no Ray
 traceback). Checked from the learner's and the rollout workers' append-only audit logs, not the
@@ -20,10 +23,10 @@ from pathlib import Path
 import pytest
 
 from agentrl.engine.common.audit import episodes_audit_path, learner_audit_path, read_audit
-from tests.e2e.helpers import REPO, check_audit, kill_tree, steps, train_cmd
+from tests.e2e.helpers import REPO, actor_pids, check_audit, kill_tree, steps, train_cmd
 
 MAX_STEPS, BATCH, GROUP, STALENESS = 8, 8, 4, 1  # the overrides below; tiny_calc's group size and staleness bound
-WORKER_AT, LEARNER_AT = 2, 5  # the steps after which the rollout worker, then the learner, is killed
+WORKER_AT, REWARD_MODEL_AT, LEARNER_AT = 2, 3, 5  # the steps after which the rollout worker, the reward model, the learner are killed
 
 
 def _pids(path: Path) -> list[int]:
@@ -48,7 +51,7 @@ def _wait(proc: subprocess.Popen, log_path: Path, reached: Callable[[], bool], w
 
 @pytest.mark.e2e
 @pytest.mark.vllm
-def test_sigkill_of_the_rollout_worker_then_the_learner_is_survived_in_run(tmp_path, tiny_calc_model):
+def test_sigkill_of_the_rollout_worker_the_reward_model_then_the_learner_is_survived_in_run(tmp_path, tiny_calc_model):
     run_dir, log_path = tmp_path / "run", tmp_path / "run.log"
     cmd = train_cmd(
         run_dir, tiny_calc_model,
@@ -59,6 +62,8 @@ def test_sigkill_of_the_rollout_worker_then_the_learner_is_survived_in_run(tmp_p
         f"learner.batch_size={BATCH}",
         "rollout.max_new_tokens=16",
         "checkpoint.every_steps=2",
+        f"reward.model.path={tiny_calc_model}",
+        "reward.model.weight=0.0",
     )
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True,
@@ -67,6 +72,10 @@ def test_sigkill_of_the_rollout_worker_then_the_learner_is_survived_in_run(tmp_p
         _wait(proc, log_path, lambda: max(steps(run_dir), default=0) >= WORKER_AT, f"step {WORKER_AT}")
         worker_pid = _pids(episodes_audit_path(run_dir))[-1]
         os.kill(worker_pid, signal.SIGKILL)  # the rollout worker's process
+        _wait(proc, log_path, lambda: max(steps(run_dir), default=0) >= REWARD_MODEL_AT, f"step {REWARD_MODEL_AT}")
+        rm_pids = actor_pids(run_dir, "reward-model")
+        assert len(rm_pids) == 1, rm_pids
+        os.kill(rm_pids[0], signal.SIGKILL)  # the reward model's actor
         _wait(proc, log_path, lambda: max(_audit_steps(run_dir), default=0) >= LEARNER_AT, f"learner step {LEARNER_AT}")
         killed_at = max(_audit_steps(run_dir))
         learner_pid = _pids(learner_audit_path(run_dir))[-1]
@@ -85,6 +94,13 @@ def test_sigkill_of_the_rollout_worker_then_the_learner_is_survived_in_run(tmp_p
     worker_restarts = [r for r in records if r["kind"] == "event" and r.get("rollout_worker_restarts")]
     assert len(worker_restarts) == 1 and worker_restarts[0]["message"].startswith("rollout worker 0 died"), events
     assert sum("rollout worker 0 died" in line for line in output.splitlines()) == 1, output[-5000:]  # one console line
+    rm_restarts = [r for r in records if r["kind"] == "event" and r.get("reward_model_restarts")]
+    assert len(rm_restarts) == 1 and rm_restarts[0]["message"].startswith("reward model died"), events
+    assert sum("reward model died (" in line for line in output.splitlines()) == 1, output[-5000:]  # one console line
+    assert "(its reward model died); re-issued" in output  # the groups it was scoring, one short line each
+    # the episodes it was scoring: infrastructure failures in words (samples.jsonl keeps each failed group's first)
+    failures = [json.loads(line).get("error", "") for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert any(e.startswith("reward model: the call failed") for e in failures), failures
     learner_restarts = [r for r in records if r["kind"] == "event" and r.get("learner_restarts")]
     assert len(learner_restarts) == 1, events
     assert "learner rank 0 died" in learner_restarts[0]["message"]
