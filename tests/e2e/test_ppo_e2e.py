@@ -1,8 +1,10 @@
 """PPO with a learned critic and an LLM judge for real: Ray, vLLM (CPU), the learner's and the
 critic's FSDP2 ranks (gloo), bubblewrap. ``recipes/tiny_calc_judge.toml``: the policy's vLLM
 generator judges its own training episodes (structured output "Score: N"), the reward is
-1.0 * env + 0.1 * judge; checkpoints hold the critic and a resume puts it back. (One run covers
-both, to spend one engine start-up.)
+1.0 * env + 0.1 * judge; checkpoints hold the critic and a resume puts it back; in the resumed
+run the critic rank's process is killed with SIGKILL (issue 37), and the critic restarts with the
+learner from the newest checkpoint in the same process. (One run covers all three, to spend one
+engine start-up.)
 
 The judge and the critic are checked by what they did, not by the run's own averages: the judge's
 score of every decoded episode in ``samples.jsonl`` is recovered from its reward and its text (the
@@ -10,7 +12,9 @@ environment's reward recomputed from the text), and must be one of the scores th
 and not always the same; the critic's prediction error on fresh batches must fall."""
 
 import json
+import os
 import re
+import signal
 import subprocess
 import tomllib
 
@@ -20,7 +24,8 @@ from agentrl.cli import train_command
 from agentrl.engine.common.audit import episodes_audit_path, read_audit
 from agentrl.envs.calc import as_int
 from agentrl.envs.parsers import extract_boxed
-from tests.e2e.helpers import REPO, placements
+from tests.e2e.helpers import REPO, actor_pids, kill_tree, placements
+from tests.e2e.test_failover_e2e import _wait
 from tests.e2e.test_train_e2e import SMALL_RUN
 
 RECIPE = REPO / "recipes" / "tiny_calc_judge.toml"
@@ -35,6 +40,21 @@ PPO = (
 
 def judged_ppo(run_dir, model, *overrides):
     return train_command(str(RECIPE), str(run_dir), str(model), *overrides, *PPO)
+
+
+def resumed_steps(run_dir) -> int:
+    """The newest step the resumed run logged (0 before its resume event: until then the file
+    still holds the first run's steps)."""
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written
+            continue
+    resumed = [i for i, r in enumerate(records) if r["kind"] == "event" and r["message"].startswith("resuming from")]
+    return max((r["version"] for r in records[resumed[-1]:] if r["kind"] == "step"), default=0) if resumed else 0
 
 
 def steps_of(run_dir):
@@ -81,10 +101,31 @@ def test_ppo_with_a_critic_and_a_policy_judge_trains_checkpoints_and_resumes(tmp
     ckpt = run_dir / "checkpoints" / "step_000002"
     assert json.loads((ckpt / "critic" / "trainer_state.json").read_text())["step"] == 2
 
-    # the same command, further: resumes from step 2 with the critic's state (its step counter goes on)
-    second = subprocess.run(judged_ppo(run_dir, tiny_calc_model, "learner.max_steps=5"), cwd=REPO,
-                            capture_output=True, text=True, timeout=900)
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    # further, from checkpoint 2 (the run finished: the same command alone would start a new one),
+    # with the critic's state (its step counter goes on); once step 3 is logged the critic rank's
+    # process is SIGKILLed: the critic and the learner restart from checkpoint 2 in the run, said in
+    # one line, and the run completes
+    log_path = tmp_path / "second.log"
+    with open(log_path, "w") as log:
+        second = subprocess.Popen([*judged_ppo(run_dir, tiny_calc_model, "learner.max_steps=5"), "--resume-from", str(ckpt)], cwd=REPO,
+                                  stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        _wait(second, log_path, lambda: resumed_steps(run_dir) >= 3, "step 3 of the resumed run")
+        critic_pids = actor_pids(run_dir, "critic-0")
+        assert len(critic_pids) == 1, critic_pids
+        os.kill(critic_pids[0], signal.SIGKILL)
+        rc = second.wait(timeout=900)
+    finally:
+        if second.poll() is None:
+            kill_tree(second)
+    output = log_path.read_text()
+    assert rc == 0, output[-5000:]
+    assert "Traceback" not in output, output[-5000:]
+    restarts = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r.get("critic_restarts")]
+    assert len(restarts) == 1 and restarts[0]["message"].startswith("critic rank 0 died"), restarts
+    assert "restarting the learner and the critic from checkpoint step_" in restarts[0]["message"]
+    assert sum("critic rank 0 died" in line for line in output.splitlines()) == 1, output[-5000:]  # one console line
+    assert "resuming from" in output and "held a finished run" not in output, output[-5000:]
     steps = steps_of(run_dir)
     assert [s["version"] for s in steps] == [1, 2, 3, 4, 5]
     assert json.loads((run_dir / "checkpoints" / "step_000004" / "critic" / "trainer_state.json").read_text())["step"] == 4
