@@ -163,13 +163,31 @@ def _load_file(path: Path, limit: int | None) -> tuple[list[Any], list[int] | No
     if suffix == ".csv":
         rows = list(csv.DictReader(text.splitlines()))
         return (rows if limit is None else rows[:limit]), None
-    if suffix == ".json" and text.lstrip().startswith("["):
+    return parse_json_rows(path, text, limit)
+
+
+def parse_json_rows(path: Path, text: str, limit: int | None = None) -> tuple[list[Any], list[int] | None]:
+    """The rows of a JSON data file's ``text`` (at most ``limit``): a ``.json`` file holding a
+    list is parsed whole (line numbers: None); anything else is JSON lines, one value a line,
+    blank lines skipped, with each row's 1-based line number.
+
+    Raises:
+        DataError: text that is not valid JSON, naming ``path`` and the 1-based line (and column).
+    """
+    if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
         try:
             rows = json.loads(text)
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}: line {exc.lineno}, column {exc.colno}: not valid JSON ({exc.msg})") from None
         return (rows if limit is None else rows[:limit]), None
     return _json_lines(path, text, limit)
+
+
+def row_where(source: str, index: int, lines: list[int] | None) -> str:
+    """Where the row at 0-based ``index`` of ``source`` is, for an error: ``"SOURCE: row N"``
+    with N 1-based, plus ``" (line L)"`` when ``lines`` (each row's 1-based line, from
+    :func:`parse_json_rows`) is given."""
+    return f"{source}: row {index + 1}" + (f" (line {lines[index]})" if lines is not None else "")
 
 
 def _json_lines(path: Path, text: str, limit: int | None) -> tuple[list[Any], list[int]]:
@@ -281,7 +299,7 @@ def _prompt_and_reference(out: dict[str, Any], where: str) -> None:
 def _rows(source: str, raw: list[Any], fields: dict[str, str], lines: list[int] | None) -> list[dict[str, Any]]:
     rows = []
     for i, row in enumerate(raw):
-        where = f"{source}: row {i + 1}" + (f" (line {lines[i]})" if lines is not None else "")
+        where = row_where(source, i, lines)
         if not isinstance(row, dict):
             raise DataError(f"{where}: expected an object with fields, got {type(row).__name__} {str(row)[:60]!r}")
         out = dict(row)

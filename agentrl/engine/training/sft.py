@@ -11,10 +11,10 @@ a ``module:function`` that generates them.
 from __future__ import annotations
 
 import importlib
-import json
 from pathlib import Path
 from typing import Any
 
+from agentrl.envs.data import parse_json_rows, row_where
 from agentrl.errors import DataError
 
 Conversation = list[dict[str, Any]] | dict[str, Any]
@@ -83,19 +83,17 @@ def load_conversations(source: str, n: int, seed: int = 0) -> list[Conversation]
         if not path.exists():
             raise DataError(f"{source}: SFT data file not found")
         rows = []
-        text = path.read_text()
-        lines = text.splitlines() if path.suffix == ".jsonl" else None
-        try:
-            items = [json.loads(x) for x in lines if x.strip()] if lines is not None else json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{source}: malformed JSON: {exc}") from None
+        items, lines = parse_json_rows(path, path.read_text(encoding="utf-8"))
+        if not isinstance(items, list):
+            raise DataError(f"{source}: expected a list of conversations, got {type(items).__name__}")
         for i, row in enumerate(items):
+            where = row_where(source, i, lines)
             msgs = row.get("messages") if isinstance(row, dict) else None
             if not isinstance(msgs, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in msgs):
-                raise DataError(f"{source}: row {i} has no 'messages' list of {{role, content}} objects")
+                raise DataError(f"{where}: has no 'messages' list of {{role, content}} objects")
             tools = row.get("tools")
             if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
-                raise DataError(f"{source}: row {i} has a 'tools' field that is not a list of function schemas")
+                raise DataError(f"{where}: has a 'tools' field that is not a list of function schemas")
             rows.append({"messages": msgs, "tools": tools} if tools else msgs)
         if not rows:
             raise DataError(f"{source}: no conversations")

@@ -57,6 +57,29 @@ def test_files_with_tools_and_their_errors(tmp_path):
     assert convs[0] == rows[0] and convs[1] == rows[1]["messages"] and convs[2] == rows[0]
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"messages": rows[0]["messages"], "tools": "python"}))
-    with pytest.raises(DataError, match="row 0 has a 'tools' field"):
+    with pytest.raises(DataError, match=r"row 1 \(line 1\): has a 'tools' field"):
         load_conversations(str(bad), 1)
     assert len(load_conversations("agentrl.envs.calc_agent:demonstrations", 5)) == 5
+
+
+def test_a_broken_json_line_names_the_file_and_its_1_based_line(tmp_path):
+    chat = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}
+    broken = tmp_path / "demos.jsonl"
+    broken.write_text(json.dumps(chat) + "\n\n" + '{"messages": [oops]}\n')
+    with pytest.raises(DataError) as info:
+        load_conversations(str(broken), 1)
+    assert str(info.value).startswith(f"{broken}: line 3: not valid JSON")
+
+
+def test_a_bad_row_is_named_1_based_with_its_line_as_the_rl_data_loader_does(tmp_path):
+    chat = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}
+    lines = tmp_path / "demos.jsonl"
+    lines.write_text(json.dumps(chat) + "\n\n" + json.dumps({"text": "no messages"}) + "\n")
+    with pytest.raises(DataError) as info:
+        load_conversations(str(lines), 1)
+    assert str(info.value) == f"{lines}: row 2 (line 3): has no 'messages' list of {{role, content}} objects"
+    whole = tmp_path / "demos.json"
+    whole.write_text(json.dumps([chat, chat, {"messages": "hi"}], indent=1))
+    with pytest.raises(DataError) as info:
+        load_conversations(str(whole), 1)
+    assert str(info.value).startswith(f"{whole}: row 3: has no 'messages' list")
