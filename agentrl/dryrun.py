@@ -98,13 +98,24 @@ def _prompt(recipe: Recipe) -> tuple[str, str]:
     limits = f"rollout.max_episode_tokens={recipe.rollout.max_episode_tokens}, generator.max_model_len={recipe.generator.max_model_len}"
     if recipe.env.agent is not None:
         return "ok", f"an agent's prompts are its own calls; one over {limit} tokens ({limits}) is answered 400 context_length_exceeded"
-    if not Path(recipe.model.path).exists():
-        return "ok", f"not rendered: {recipe.model.path} does not exist yet (it is built or imported by the run)"
     from agentrl.engine.episodes.render import IncrementalRenderer
     from agentrl.envs import make_env
     from agentrl.envs.data import load_rows
-    from agentrl.models.loading import load_tokenizer
+    from agentrl.model_plan import plan_model
+    from agentrl.models.loading import load_tokenizer, looks_like_local_path
 
+    path = recipe.model.path
+    plan = plan_model(path, recipe.model.build, recipe.model.import_)
+    if plan.action == "build":
+        return "ok", f"not rendered: {path} does not exist yet (the run builds it: {plan.source})"
+    if plan.action == "import":
+        return "ok", f"not rendered: {path} does not exist yet (the run imports it from {plan.source})"
+    try:
+        tokenizer = load_tokenizer(path)
+    except ModelError as exc:
+        if looks_like_local_path(path):
+            return "error", f"cannot render a prompt: {exc}"
+        return "offline", "not rendered: hub model not reachable or cached here"
     try:
         row = load_rows(recipe.data.source, split=recipe.data.split, fields=recipe.data.fields or None, limit=1, seed=recipe.seed)[0]
         env = make_env(recipe.env.id, **{"sandbox": recipe.sandbox.type, **recipe.env.kwargs})
@@ -112,7 +123,7 @@ def _prompt(recipe: Recipe) -> tuple[str, str]:
             messages, _ = env.unwrapped.reset(seed=recipe.seed, options={"row": row})
         finally:
             env.close()
-        n = len(IncrementalRenderer(load_tokenizer(recipe.model.path), messages).prompt_ids())
+        n = len(IncrementalRenderer(tokenizer, messages).prompt_ids())
     except AgentRLError as exc:
         return "error", f"cannot render a prompt: {exc}"
     room = limit - n

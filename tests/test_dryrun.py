@@ -24,7 +24,7 @@ def test_the_first_prompt_is_measured_against_the_episode_limit(tiny_calc_model)
 
 def test_agents_and_models_still_to_be_built_are_not_rendered(tmp_path):
     ok, lines = lines_of({"model": {"path": str(tmp_path / "nothing"), "build": "tiny"}, "sandbox": {"type": "unsafe-local"}})
-    assert "does not exist yet" in lines["prompt"]
+    assert f"not rendered: {tmp_path / 'nothing'} does not exist yet (the run builds it: tiny)" in lines["prompt"], lines["prompt"]
     ok, lines = lines_of({"model": {"path": str(tmp_path / "nothing"), "build": "tiny"}, "sandbox": {"type": "unsafe-local"},
                           "env": {"agent": "agentrl.envs.calc_agent:calc_agent"}})
     assert ok and "context_length_exceeded" in lines["prompt"]

@@ -81,3 +81,8 @@ def test_the_cli_runs_the_tutorials_hub_command_as_far_as_the_dry_run(tmp_path):
     )
     model_line = next(line for line in proc.stdout.splitlines() if line.split()[1:2] == ["model"])
     assert "will be built" not in model_line and "Qwen/Qwen2.5-0.5B-Instruct" in model_line, proc.stdout + proc.stderr
+    # the prompt line says why it is not rendered: the hub model is loaded, not built (it used to
+    # say "does not exist yet (it is built or imported by the run)")
+    prompt_line = next(line for line in proc.stdout.splitlines() if line.split()[1:2] == ["prompt"])
+    assert prompt_line.split()[0] == "offline", proc.stdout + proc.stderr
+    assert prompt_line.split(None, 2)[2] == "not rendered: hub model not reachable or cached here", proc.stdout + proc.stderr
