@@ -1,4 +1,4 @@
-"""docs/environments.md: the minimal tool environment is at most 30 lines and runs as written."""
+"""docs/environments.md: the minimal tool environment is at most 30 lines and runs as written, and so does the PythonTool-in-ToolEnv example."""
 
 import re
 import sys
@@ -62,3 +62,32 @@ def test_minimal_env_from_a_recipe_reference(doc_module) -> None:
     env = make_env("doc_envs:MultiplyEnv", max_turns=2, malformed="end")
     assert type(env).__name__ == "MultiplyEnv" and env.max_turns == 2
     assert make_env("doc_envs:my/Multiply-v0").unwrapped.malformed == "feedback"
+
+
+def _python_tool_example() -> tuple[str, str]:
+    """The python-tool-env block without its last line, and that line (the run with bubblewrap)."""
+    *body, last = example("python-tool-env").rstrip("\n").splitlines()
+    assert last == "print(anyio.run(episode))  # 1.0"
+    return "\n".join(body) + "\n", last
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_python_tool_env_example_runs_with_a_fake_sandbox(backend: str) -> None:
+    """The PythonTool-in-ToolEnv example's episode (its asserts included) on the sandbox double
+    the doc names for unit tests: the tool's cells run in one session, the variable persists."""
+    from agentrl.sandbox.testing import FakeSessionSandbox
+
+    body, _ = _python_tool_example()
+    namespace: dict = {}
+    exec(compile(body, "python-tool-env", "exec"), namespace)
+    sandbox = FakeSessionSandbox()
+    assert anyio.run(namespace["episode"], sandbox, backend=backend) == 1.0
+    assert [cell.splitlines()[0] for cell in sandbox.sessions[0].cells] == ["squares = [i * i for i in range(1, 11)]", "_ = sum(squares)"]
+    assert sandbox.sessions[0].exited  # aclose closed the episode's session; the given sandbox stays open
+    assert sandbox.closed == 0
+
+
+def test_python_tool_env_example_runs_as_written_in_bubblewrap(capsys: pytest.CaptureFixture[str]) -> None:
+    """The block as written: its own bubblewrap sandbox, made at the first call, closed by aclose."""
+    exec(compile(example("python-tool-env"), "python-tool-env", "exec"), {})
+    assert capsys.readouterr().out == "1.0\n"
