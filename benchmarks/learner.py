@@ -13,7 +13,15 @@ the same objective, :func:`agentrl.algos.policy_loss`, everywhere):
   usual alternative to token budgets;
 - ``learner-sorted-fixed``: the same fixed size, but the samples sorted by length (longest
   first) before they are cut into micro-batches: the strong fixed-size baseline (arrival order
-  pads ~46% of the slots on the default batch, sorting most of that away).
+  pads ~46% of the slots on the default batch, sorting most of that away);
+- ``learner-actor``: the learner as a run drives it: a Ray actor in a process of its own (one
+  rank, ``torch_threads`` as the other configurations), set up and called through
+  :class:`~agentrl.engine.training.learner_group.LearnerGroup` (the batch put in Ray's object
+  store, the call awaited with its timeout); its row also splits the step (the rank's own
+  ``step_*_s`` parts and the call's time beyond the rank's ``train_s``: the batch's way there and
+  the metrics' way back). The in-process configurations hold no Ray; this one's overhead over
+  ``learner`` is what the run adds to a step. Its CPU and memory columns count the benchmark's
+  own process only (the rank computes in the actor's).
 
 The headline for micro-batching compares ``learner`` with the *strongest* fixed-size
 configuration of the run (the one with the higher median tokens/s), and names it.
@@ -36,6 +44,7 @@ the first time at the end of the ``## learner`` section; the prose around it is 
 
     .venv/bin/python benchmarks/learner.py --repeats 7 --steps 2 --write
     .venv/bin/python benchmarks/learner.py --configs learner learner-sorted-fixed --repeats 5 --steps 2
+    .venv/bin/python benchmarks/learner.py --configs learner learner-actor --repeats 5 --steps 2 --write
     .venv/bin/python benchmarks/learner.py --model runs/models/smollm2-135m-instruct \
         --samples 16 --repeats 3 --steps 1 --configs learner plain --write
 """
@@ -88,7 +97,7 @@ Planner = Callable[[list[int], int, int], list[list[int]]]
 """The signature of :func:`plan_microbatches`: (sample lengths, token budget, world size) to
 micro-batches, each a list of sample indices."""
 
-CONFIGS = ("learner", "plain", "learner-fixed", "learner-sorted-fixed")
+CONFIGS = ("learner", "plain", "learner-fixed", "learner-sorted-fixed", "learner-actor")
 """Every configuration, in the order they run within a repeat; ``plain`` is the baseline."""
 FIXED = ("learner-fixed", "learner-sorted-fixed")
 """The fixed-size micro-batch configurations, baselines for token-budget micro-batching."""
@@ -154,6 +163,46 @@ class PlainLoop:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+
+
+class ActorLearner:
+    """The learner as a run drives it: one rank as a Ray actor (a local Ray of its own), set up
+    and called through :class:`~agentrl.engine.training.learner_group.LearnerGroup`. ``parts``:
+    per timed call, the rank's ``step_*_s`` parts and ``step_transfer_s`` (the call's time beyond
+    the rank's ``train_s``)."""
+
+    def __init__(self, model: str, budget: int, threads: int) -> None:
+        import asyncio
+
+        import ray
+
+        from agentrl.engine.common.cluster import new_actor
+        from agentrl.engine.training.learner_group import LearnerGroup
+        from agentrl.engine.training.placement import LearnerPlacement, learner_bundles
+
+        ray.init(num_cpus=max(2, threads), include_dashboard=False, log_to_driver=False)
+        self.loop = asyncio.new_event_loop()
+        self.group = LearnerGroup(
+            num_ranks=1, factory=lambda rank, kwargs, options: new_actor(Learner, options, **kwargs),
+            placement=lambda: LearnerPlacement(learner_bundles(1, 1, 0, {}), 120.0), timeout_s=1800.0,
+            placement_timeout_s=120.0, name="learner",
+        )
+        self.loop.run_until_complete(self.group.start(
+            {"world_size": 1, "model": model, "lr": 1e-5, "micro_batch_tokens": budget, "torch_threads": threads}))
+        self.parts: list[dict[str, float]] = []
+
+    def step(self, samples: list[dict[str, Any]]) -> None:
+        t0 = time.perf_counter()
+        m = self.loop.run_until_complete(self.group.call("train_step", samples, what="a benchmark step"))[0]
+        took = time.perf_counter() - t0
+        self.parts.append({**{k: v for k, v in m.items() if k.startswith("step_")}, "step_transfer_s": max(0.0, took - m["train_s"])})
+
+    def close(self) -> None:
+        import ray
+
+        self.loop.run_until_complete(self.group.stop())
+        self.loop.close()
+        ray.shutdown()
 
 
 def free_port() -> int:
@@ -222,6 +271,7 @@ def main() -> None:
             "plain": real_plan,  # the plain loop runs the learner's micro-batches
             "learner-fixed": fixed_plan(args.max_len),
             "learner-sorted-fixed": fixed_plan(args.max_len, by_length=True),
+            "learner-actor": real_plan,  # the rank in the actor plans with the real planner
         }
         plans = {k: planners[k](lengths, args.budget, 1) for k in configs}
         pad = {k: padding_fraction(lengths, plan) for k, plan in plans.items()}
@@ -233,12 +283,15 @@ def main() -> None:
         per_repeat: list[dict[str, float]] = []  # per repeat: median step time of each configuration
         learner = new_learner()  # one process group, reused by every learner configuration
         params_m = sum(p.numel() for p in learner.policy.parameters()) / 1e6  # tied weights counted once
+        actor = ActorLearner(model, args.budget, args.threads) if "learner-actor" in configs else None
         try:
             for rep in range(args.repeats):
                 for name in configs:
                     if name == "plain":
                         loop = PlainLoop(model, 1e-5, args.budget)
                         step = loop.step
+                    elif name == "learner-actor":
+                        step = actor.step
                     else:
                         planner_mod.plan_microbatches = planners[name]
                         step = learner.train_step
@@ -259,6 +312,8 @@ def main() -> None:
         finally:
             planner_mod.plan_microbatches = real_plan
             learner.shutdown()
+            if actor is not None:
+                actor.close()
 
     med = {k: statistics.median(v) for k, v in times.items()}
     med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
@@ -308,6 +363,16 @@ def main() -> None:
             + f"): **{tps['learner'] / tps[best]:.2f}×** tokens/s (medians), {paired('learner', best):.2f}× "
             f"(paired); CPU time per step {med_cpu['learner']:.2f} s against {med_cpu[best]:.2f} s; padding "
             f"{pad['learner']:.1%} against {pad[best]:.1%}.",
+        ]
+    timed_parts = [p for i, p in enumerate(actor.parts) if i % (args.steps + 1)] if actor is not None else []  # no warm-ups
+    if timed_parts:
+        parts = {k: statistics.median(p[k] for p in timed_parts) for k in timed_parts[0]}
+        total = statistics.median(times["learner-actor"])
+        lines += [
+            "",
+            f"Where a `learner-actor` step went (medians over its timed steps, seconds of a {total:.3f} s step): "
+            + ", ".join(f"{k.removeprefix('step_').removesuffix('_s').replace('_', '/')} {v:.3f}" for k, v in parts.items())
+            + ". transfer: the call's time beyond the rank's own train_s.",
         ]
     text = "\n".join(lines)
     emit(text, f"learner {' '.join(configs)} {model_name}", args.write, section="learner")
