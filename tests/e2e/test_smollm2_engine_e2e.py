@@ -92,8 +92,8 @@ def _mismatch(learner: Any, samples: list[dict[str, Any]]) -> tuple[float, float
 def test_smollm2_through_generation_learning_and_weight_updates(smol_model, tmp_path) -> None:
     from agentrl.engine.generation.generator import EngineSettings, VllmGenerator
     from agentrl.engine.episodes.rollout import play_episode
-    from agentrl.engine.generation.weight_transfer import LocalGeneratorClient, free_endpoint, model_source, trainer_connect
     from agentrl.models.loading import load_tokenizer
+    from tests.engine.generation.local_send import send_over_gloo
 
     tok = load_tokenizer(str(smol_model))
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
@@ -228,16 +228,7 @@ def test_smollm2_through_generation_learning_and_weight_updates(smol_model, tmp_
 
             # 4b. gloo: the learner's parameters broadcast straight into the vLLM worker
             learner.train_step([_sample(t, a) for t, a in zip(trajs, (-1.0, 1.0))])
-            client = LocalGeneratorClient(gen, asyncio.get_running_loop(), 180.0)
-
-            def send() -> None:
-                address, port = free_endpoint()
-                engine = trainer_connect("gloo", rank=0, address=address, port=port, world_size=2, client=client,
-                                         source=model_source(learner.policy.lm, torch.float32), timeout_s=120.0)
-                client.version = 2
-                engine.send_weights()
-
-            await asyncio.to_thread(send)
+            await send_over_gloo(gen, learner.policy.lm, 2, torch.float32)
             assert gen.version == 2
             await check_version(2)
         finally:

@@ -47,7 +47,7 @@ def _gaps(mine: list[list[float]], samples: list[dict[str, Any]]) -> list[float]
 
 def test_bfloat16_learner_and_bfloat16_vllm_agree_before_and_after_disk_and_gloo_updates(tiny_calc_model, tmp_path) -> None:
     from agentrl.engine.generation.generator import EngineSettings, VllmGenerator
-    from agentrl.engine.generation.weight_transfer import LocalGeneratorClient, free_endpoint, model_source, trainer_connect
+    from tests.engine.generation.local_send import send_over_gloo
     from agentrl.models.loading import load_tokenizer
 
     tok = load_tokenizer(str(tiny_calc_model))
@@ -105,16 +105,7 @@ def test_bfloat16_learner_and_bfloat16_vllm_agree_before_and_after_disk_and_gloo
             step(1, v1)
 
             # gloo: the learner's parameters broadcast in bfloat16 straight into the vLLM worker
-            client = LocalGeneratorClient(gen, asyncio.get_running_loop(), 180.0)
-
-            def send() -> None:
-                address, port = free_endpoint()
-                engine = trainer_connect("gloo", rank=0, address=address, port=port, world_size=2, client=client,
-                                         source=model_source(learner.policy.lm, torch.bfloat16), timeout_s=120.0)
-                client.version = 2
-                engine.send_weights()
-
-            await asyncio.to_thread(send)
+            await send_over_gloo(gen, learner.policy.lm, 2, torch.bfloat16)
             assert gen.version == 2
             check(2, await sample(2))
         finally:
