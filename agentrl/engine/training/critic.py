@@ -80,7 +80,7 @@ class Critic(FsdpRank):
     ``updates_per_batch``: optimizer updates per batch (contiguous mini-batches);
     ``micro_batch_tokens``: padded tokens per forward pass; ``timeout_s``: the process group's
     collective timeout; ``dtype`` and ``activation_checkpointing``: as the learner's (the
-    recipe's ``model.dtype``; bfloat16 on GPU is mixed precision, see
+    recipe's ``model.dtype``; bfloat16 is mixed precision on GPUs and CPUs, see
     :func:`~agentrl.engine.training.model_setup.mixed_precision`).
     """
 

@@ -4,11 +4,9 @@
 every rank's method at the same time (they run collectives together). The model is wrapped per
 decoder layer with ``torch.distributed.fsdp.fully_shard`` (with one rank, a single unit around the
 whole model: there is nothing to shard, and per-layer units cost ~20% of a tiny model's step in
-hooks and copies); the process group is ``gloo`` on CPU
-and ``nccl`` on GPU. On GPU, the ``bfloat16`` dtype means mixed precision: float32
-master weights and optimizer state, compute in the low dtype, gradients reduced in float32. On
-CPU, and for ``float16`` (which would need loss scaling), everything is float32 (on CPU this keeps
-learner and generator log-probs comparable).
+hooks and copies); the process group is ``gloo`` on CPU and ``nccl`` on GPU. The ``bfloat16``
+dtype means mixed precision on both (:mod:`~agentrl.engine.training.model_setup`); ``float16``
+(which would need loss scaling) and ``float32`` train in float32 throughout.
 
 A training sample is a dict with ``tokens``, ``loss_mask``, ``behaviour_logprobs`` (per token,
 as in :class:`~agentrl.engine.common.trajectory.Trajectory`), ``advantage`` (one float for the whole
@@ -47,6 +45,7 @@ from agentrl.engine.training.fsdp_rank import FsdpRank
 from agentrl.engine.training.lora import LoraSettings, apply_lora
 from agentrl.engine.training import model_setup
 from agentrl.engine.training.padded import PaddedBatch
+from agentrl.engine.training.step_clock import StepClock
 from agentrl.engine.common.cluster import current_node_id
 from agentrl.engine.common.run_dir import version_folder
 from agentrl.engine.training.weight_export import WeightSender, full_state_dict, write_export
@@ -127,27 +126,6 @@ class _AdapterOff:
 
     def eval(self) -> None:
         return None
-
-
-class _StepClock:
-    """Splits a training step's time into named parts: each :meth:`lap` charges the seconds
-    since the previous lap (or the step's start ``t0``, a ``time.monotonic()`` value) to its
-    part, so the parts add up to the step's time up to the last lap."""
-
-    PARTS = ("plan", "pad", "proximal", "forward_backward", "stats", "optimizer")
-
-    def __init__(self, t0: float) -> None:
-        self.last = t0
-        self.parts = dict.fromkeys(self.PARTS, 0.0)
-
-    def lap(self, part: str) -> None:
-        now = time.monotonic()
-        self.parts[part] += now - self.last
-        self.last = now
-
-    def seconds(self) -> dict[str, float]:
-        """``step_<part>_s`` for every part."""
-        return {f"step_{k}_s": v for k, v in self.parts.items()}
 
 
 class Learner(FsdpRank):
@@ -376,12 +354,9 @@ class Learner(FsdpRank):
         sampled by the weights this learner holds: numeric mismatch alone; needs ``versions``),
         ``current_version_tokens``, ``trained_tokens``, ``padding_fraction`` (padded slots over
         all slots of the micro-batches), ``grad_norm`` (of the last update), ``skipped_updates``
-        (non-finite gradient norm), ``lr``, ``step``, ``updates``, ``train_s``, and where those
-        seconds went on this rank (:class:`_StepClock`): ``step_plan_s`` (mini-batch split and
-        micro-batch planning), ``step_pad_s`` (building each micro-batch's padded tensors),
-        ``step_proximal_s`` (the no-grad proximal pass, 0 without one),
-        ``step_forward_backward_s``, ``step_stats_s`` (the metrics, the audit record, their
-        all-reduce), ``step_optimizer_s`` (clipping and the optimizer update).
+        (non-finite gradient norm), ``lr``, ``step``, ``updates``, ``train_s``, and
+        ``step_<part>_s`` for each part of :attr:`StepClock.PARTS` (plan, pad, proximal,
+        forward_backward, stats, optimizer): where this rank's ``train_s`` went.
         """
         self.require_setup()
         self._check_samples(samples, rl=True)
@@ -393,7 +368,7 @@ class Learner(FsdpRank):
         grad_norm, skipped = 0.0, 0
         minibatches = [[samples[i] for i in mb] for mb in self.minibatches(len(samples))]
         plans = [self.plan(rows) for rows in minibatches]
-        clock = _StepClock(t0)
+        clock = StepClock(t0)
         clock.lap("plan")
         proximal: dict[tuple[int, int], torch.Tensor] = {}
         if self.recompute_proximal and samples:
@@ -447,13 +422,9 @@ class Learner(FsdpRank):
             skipped += int(not finite)
         self.step += 1
         if self.audit is not None:
-            self.audit.append({
-                "step": self.step,
-                "samples": [
-                    {"id": s.get("id"), "prompt_sha1": prompt_sha1(s["tokens"], s["loss_mask"]), "tokens": len(s["tokens"])}
-                    for s in samples
-                ],
-            })
+            self.audit.append({"step": self.step, "samples": [
+                {"id": s.get("id"), "prompt_sha1": prompt_sha1(s["tokens"], s["loss_mask"]), "tokens": len(s["tokens"])}
+                for s in samples]})
         if self.world_size > 1:
             dist.all_reduce(acc)
         clock.lap("stats")
