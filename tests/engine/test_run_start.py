@@ -138,3 +138,42 @@ def test_a_run_directory_holding_the_model_is_never_moved(tmp_path):
     with pytest.raises(ConfigError, match="model.path .* lies inside"):
         plan_start(rd, model_path=str(rd.root / "sft"))
     assert rd.root.is_dir() and not _aside(tmp_path)
+
+
+class _StopAfterTheStartPlan(Exception):
+    """Raised where the run would prepare its model: the start plan has run by then."""
+
+
+@pytest.mark.parametrize("flag", ["--fresh", "--resume-from"])
+def test_the_train_command_takes_fresh_and_resume_from_to_the_start_plan(tmp_path, monkeypatch, flag):
+    """Through the CLI: ``--fresh`` sets a resumable run aside and starts at step 0;
+    ``--resume-from`` goes on from the checkpoint it names, not the newest."""
+    from agentrl import cli
+    from agentrl.engine import controller
+
+    rd = _run(tmp_path, 2, 4)
+
+    def stop(*_: object, **__: object) -> str:
+        raise _StopAfterTheStartPlan
+
+    monkeypatch.setattr(controller, "prepare_model", stop)
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'name = "r"\nrun_dir = "{rd.root}"\n[model]\npath = "unused"\n')
+    args = ["train", str(recipe), flag] + ([str(rd.checkpoint(2))] if flag == "--resume-from" else [])
+    with pytest.raises(_StopAfterTheStartPlan):
+        cli.main(args)
+    events = (rd.root / "metrics.jsonl").read_text()
+    if flag == "--fresh":
+        [old] = _aside(tmp_path)
+        assert (old / "checkpoints").is_dir() and not rd.checkpoint(4).exists()
+        assert "--fresh: starting over at step 0" in events
+    else:
+        assert not _aside(tmp_path) and str(rd.checkpoint(2)) in events
+
+
+def test_the_train_command_refuses_fresh_with_resume_from(tmp_path, capsys):
+    from agentrl import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["train", str(tmp_path / "r.toml"), "--fresh", "--resume-from", str(tmp_path)])
+    assert "not allowed with argument" in capsys.readouterr().err
