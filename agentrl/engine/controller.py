@@ -21,7 +21,7 @@ from typing import Any
 from agentrl.config import Recipe
 from agentrl.engine import wiring
 from agentrl.engine.loop.checkpointing import RunCheckpointer
-from agentrl.engine.common.cluster import cluster_nodes, new_actor, shutdown_all, start_ray, stop_ray
+from agentrl.engine.common.cluster import RayErrorRoute, cluster_nodes, new_actor, shutdown_all, start_ray, stop_ray
 from agentrl.engine.loop.critic_stage import CriticStage
 from agentrl.engine.loop.evaluation import Evaluator
 from agentrl.engine.loop.failover import LearnerFailover, run_with_failover
@@ -106,6 +106,7 @@ class Controller:
         learners = self._learner_group()
         critic = self._critic_group() if r.algo.advantage == "gae" and r.mode in ("async", "sync") else None
         fleet: GeneratorFleet | None = None
+        ray_errors = RayErrorRoute(self._ray_error_sink())  # Ray's '(raylet) A worker died...' paragraphs: to the logs
         try:
             log.event(f"run {r.name}: mode={r.mode} max_staleness={r.max_staleness} rows={len(rows)} model={model}")
             if r.sft.steps:
@@ -155,8 +156,21 @@ class Controller:
             if self._shared is not None:
                 self._shared.close()
             log.close()
+            ray_errors.remove()
             if started_ray:
                 stop_ray()
+
+    def _ray_error_sink(self) -> Any:
+        """Where Ray's own error messages go during the run: ``logs/ray_errors.log`` of the run
+        directory (agentrl says what happened in words on the console; Ray's paragraph is kept)."""
+        path = self.run_dir.logs / "ray_errors.log"
+
+        def sink(line: str) -> None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a") as f:
+                f.write(line.rstrip("\n") + "\n")
+
+        return sink
 
     def _choose_dtype(self, log: MetricsLogger) -> Recipe:
         """Resolve ``model.dtype`` (``auto``: :mod:`agentrl.dtype_plan`) before the model is

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["ACTOR_CPUS_ENV", "ACTOR_LOG_ENV", "actor_died", "cluster_nodes", "current_node_id", "pin_process", "kill", "new_actor", "redirect_actor_output", "shutdown_all", "start_ray", "stop_ray"]
+__all__ = ["ACTOR_CPUS_ENV", "ACTOR_LOG_ENV", "RayErrorRoute", "actor_died", "cluster_nodes", "current_node_id", "pin_process", "kill", "new_actor", "redirect_actor_output", "shutdown_all", "start_ray", "stop_ray"]
 
 ACTOR_LOG_ENV = "AGENTRL_ACTOR_LOG"
 """The environment variable that names an actor's log file (set per actor in its runtime env)."""
@@ -85,6 +85,38 @@ def start_ray(init_kwargs: dict[str, Any]) -> bool:
         return False
     ray.init(**init_kwargs)
     return True
+
+
+class RayErrorRoute:
+    """Ray's driver prints every error the cluster publishes (``(raylet) A worker died or was
+    killed while executing a task...``) on this process's stdout, beside agentrl's own line for
+    the same event. While installed, those messages go to ``sink`` instead (a run's log file:
+    nothing is lost); every other Ray output is printed as before. Ray offers no switch for this
+    stream, so the route wraps the function its listener thread prints through (looked up at each
+    message); :meth:`remove` puts it back. ``routed``: how many messages went to ``sink``."""
+
+    def __init__(self, sink: Callable[[str], None]) -> None:
+        import ray._private.worker as ray_worker
+
+        self._module = ray_worker
+        self._original = ray_worker.print_to_stdstream
+        self.sink = sink
+        self.routed = 0
+
+        def print_to_stdstream(data: dict[str, Any], ignore_prefix: bool) -> None:
+            if data.get("pid") != "raylet":
+                self._original(data, ignore_prefix)
+                return
+            for line in data.get("lines", []):
+                self.routed += 1
+                with contextlib.suppress(Exception):  # a failing sink must not kill Ray's listener
+                    sink(str(line))
+
+        ray_worker.print_to_stdstream = print_to_stdstream
+
+    def remove(self) -> None:
+        """Print Ray's error messages on stdout again."""
+        self._module.print_to_stdstream = self._original
 
 
 def cluster_nodes() -> list[dict[str, Any]]:
