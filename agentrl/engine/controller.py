@@ -300,6 +300,7 @@ class Controller:
             # (the checkpoint's learner state holds the adapter)
             learner_kwargs=lambda weights: wiring.learner_kwargs(r, model=tokenizer if r.lora else weights, tokenizer=tokenizer, run_dir=rd.root),
             critic=critic, critic_kwargs=lambda: wiring.critic_kwargs(r, model=tokenizer),
+            start=tokenizer if r.lora is None else None,  # before the first checkpoint: step 0 from the RL starting point
         )
 
         rollout_failover = RolloutFailover(  # one for the run: its restarts are bounded across learner restarts

@@ -503,7 +503,9 @@ class FakeRun:
     :class:`~agentrl.engine.loop.loop.LoopSettings` (generators and learner take turns);
     ``judges``: a separate judge's fake generators that score every episode, ``reward_model``: a
     :class:`FakeRewardModel` that does too; ``reward_restarts``: replace a dead one of them at most
-    this many times (None: no replacement, :mod:`agentrl.engine.rewards.reward_actors`).
+    this many times (None: no replacement, :mod:`agentrl.engine.rewards.reward_actors`);
+    ``start_model``: the folder RL starts from, for a learner death before the first checkpoint
+    (None: such a death is an error).
     """
 
     def __init__(
@@ -513,7 +515,7 @@ class FakeRun:
         timeout_s: float = 30.0, max_degenerate_steps: int = 0, critic: dict[str, Any] | None = None, critic_warmup: int = 0,
         dynamic_sampling: str = "off", max_sampling_factor: float = 3.0, solved_reward: float = 1.0,
         worker_restarts: int | None = None, colocated: bool = False, sleep_level: int = 0,
-        judges: int = 0, reward_model: bool = False, reward_restarts: int | None = 2,
+        judges: int = 0, reward_model: bool = False, reward_restarts: int | None = 2, start_model: str | None = None,
     ) -> None:
         import functools
 
@@ -535,6 +537,7 @@ class FakeRun:
         self.batch_size, self.group_size, self.max_staleness = batch_size, group_size, max_staleness
         self.num_workers = num_workers
         self.checkpoint_every, self.max_restarts = checkpoint_every, max_restarts
+        self.start_model = start_model
         self.worker_kwargs = dict(worker or {})
         from agentrl.engine.rewards.reward_actors import RewardActors
 
@@ -625,7 +628,7 @@ class FakeRun:
         failover = LearnerFailover(
             run_dir=self.run_dir, learners=self.learners, fleet=self.fleet, publisher=self.publisher,
             learner_kwargs=lambda weights: {}, max_restarts=self.max_restarts, log=self.log, critic=self.critic,
-            critic_kwargs=lambda: {},
+            critic_kwargs=lambda: {}, start=self.start_model,
         )
         stage = None if self.critic is None else CriticStage(group=self.critic, settings=GaeSettings(normalize=False, lam=1.0),
                                                             warmup_steps=self.critic_warmup)

@@ -44,14 +44,19 @@ class LearnerFailover:
     times. ``learner_kwargs(model)`` gives the ranks' arguments to start from the weights folder
     ``model``. ``critic``: PPO's critic group, rewound to the checkpoint's critic state with the
     learner (None: no critic); ``critic_kwargs()``: its ranks' arguments (the RL starting point),
-    to start them anew when one of them died."""
+    to start them anew when one of them died. ``start``: the weights folder RL starts from (full
+    fine-tuning): before the first checkpoint a death restarts the learner (and the critic) from
+    it at step 0, as a checkpoint of step 0 would; None (LoRA, whose versions are adapters): a
+    death before the first checkpoint is an error in words."""
 
     def __init__(
         self, *, run_dir: RunDir, learners: LearnerGroup, fleet: GeneratorFleet, publisher: WeightPublisher,
         learner_kwargs: Callable[[str], dict[str, Any]], max_restarts: int, log: EventLog,
         critic: LearnerGroup | None = None, critic_kwargs: Callable[[], dict[str, Any]] | None = None,
+        start: str | None = None,
     ) -> None:
         self.run_dir = run_dir
+        self.start = start
         self.learners = learners
         self.critic = critic
         self.critic_kwargs = critic_kwargs
@@ -63,10 +68,11 @@ class LearnerFailover:
         self.restarts = 0
         """Restarts done so far."""
 
-    async def recover(self, died: LearnerDied) -> RunState:
-        """Restart the learner (and PPO's critic) after ``died``; the run state to go on from. Raises LearnerError
-        (naming the rank, how it died, the newest checkpoint and how to resume) when there is
-        no checkpoint or the restarts are spent."""
+    async def recover(self, died: LearnerDied) -> RunState | None:
+        """Restart the learner (and PPO's critic) after ``died``; the run state to go on from
+        (None: the start of RL, when no checkpoint exists yet and ``start`` is known). Raises
+        LearnerError (naming the rank, how it died, the newest checkpoint and how to resume) when
+        there is nothing to restart from or the restarts are spent."""
         ckpt = latest_checkpoint(self.run_dir.root)
         self.fleet.cancel_reload()
         self.learners.kill()
@@ -74,6 +80,8 @@ class LearnerFailover:
         if critic_died:
             self.critic.kill()  # type: ignore[union-attr]  # its survivors are stuck in a collective with the dead rank
         both = "the learner and the critic" if self.critic is not None else "the learner"
+        if ckpt is None and self.start is not None and self.restarts < self.max_restarts and (self.critic is None or self.critic_kwargs is not None):
+            return await self._restart_at_the_start(died, both)
         if ckpt is None:
             raise LearnerError(
                 f"{died}; there is no checkpoint to restart {both} from yet (the first is written after learner step 1 "
@@ -111,6 +119,29 @@ class LearnerFailover:
         self.fleet.published_version = state.version
         self.log.event(f"{both} restarted at version {state.version}; generators serve it again", step=state.version)
         return state
+
+    async def _restart_at_the_start(self, died: LearnerDied, both: str) -> RunState | None:
+        """No checkpoint yet: start the learner (and the critic, which may have trained on the
+        lost step) from the RL starting point, drop every version published since, and have the
+        generators serve the starting weights again as version 0."""
+        self.restarts += 1
+        self.log.event(
+            f"{died}; no checkpoint yet: restarting {both} from the RL starting point at step 0 "
+            f"(restart {self.restarts} of {self.max_restarts})",
+            learner_restarts=1, step=0, **({"critic_restarts": 1} if self.critic is not None else {}),
+        )
+        self.publisher.transfer_lost("the learner restarted")
+        truncate_logs(self.run_dir.root, 0)
+        self._rewind_versions(0, Path(self.start))  # type: ignore[arg-type]
+        starts = [self.learners.start(self.learner_kwargs(str(self.start)), what="restarting the learner")]
+        if self.critic is not None:
+            self.critic.kill()
+            starts.append(self.critic.start(self.critic_kwargs(), what="restarting the critic"))  # type: ignore[misc]
+        await asyncio.gather(*starts)
+        await self.fleet.load(0, Path(self.start))  # type: ignore[arg-type]
+        self.fleet.published_version = 0
+        self.log.event(f"{both} restarted at step 0; generators serve the starting weights again", step=0)
+        return None
 
     def _rewind_versions(self, version: int, weights: Path) -> None:
         """Drop published folders newer than ``version``; put the checkpoint's ``weights`` back as

@@ -148,6 +148,30 @@ def test_learner_death_without_a_checkpoint_is_an_error_in_words(tmp_path):
         asyncio.run(run.run())
 
 
+def test_a_learner_death_before_the_first_checkpoint_restarts_rl_from_its_starting_point(tmp_path):
+    """No checkpoint yet (as during the first RL step of a run with default checkpoints): the
+    learner restarts from the weights RL started from, at step 0, and every prompt is trained once."""
+    run = FakeRun(tmp_path, rows=ROWS, max_steps=4, max_restarts=1, hooks=[KillLearner(after_step=1)], start_model="/start")
+    loop = asyncio.run(run.run())
+    assert loop.version == 4
+    assert [line["step"] for line in trained_lines(run)] == [1, 2, 3, 4]
+    assert_each_prompt_once(run)
+    assert [s for s, _ in run.trained] == [1, 1, 2, 3, 4]  # the dead learner trained step 1 and died in step 2: the new one starts at 0
+    restarts = [e for e in events(run) if e.get("learner_restarts")]
+    assert len(restarts) == 1 and "no checkpoint yet: restarting the learner from the RL starting point at step 0" in restarts[0]["message"]
+    loaded = run.fleet.generators[0].obj.loaded
+    assert (0, "/start") in [(v, str(p)) for v, p in loaded], loaded  # the generators serve the starting weights again
+
+
+def test_before_the_first_checkpoint_ppos_critic_restarts_at_step_0_with_the_learner(tmp_path):
+    run = FakeRun(tmp_path, rows=ROWS, max_steps=3, max_restarts=1, hooks=[KillLearner(after_step=1)], start_model="/start", critic={})
+    loop = asyncio.run(run.run())
+    assert loop.version == 3
+    assert_each_prompt_once(run)
+    [restart] = [e for e in events(run) if e.get("learner_restarts")]
+    assert restart["critic_restarts"] == 1 and "restarting the learner and the critic from the RL starting point" in restart["message"]
+
+
 def test_learner_restarts_are_bounded(tmp_path):
     kills = [KillLearner(after_step=3), KillLearner(after_step=4)]  # the second kills the restarted learner
     run = FakeRun(tmp_path, rows=ROWS, max_steps=6, checkpoint_every=2, max_restarts=1, hooks=kills)
