@@ -214,7 +214,7 @@ class Controller:
         return await run_sft(
             learners, wiring.learner_kwargs(r, model=model, tokenizer=None, run_dir=self.run_dir.root, stage="sft"),
             model=model, out=self.run_dir.sft, source=c.source, num_examples=c.num_examples, steps=c.steps,
-            batch_size=c.batch_size, seed=r.seed, log=log,
+            batch_size=c.batch_size, seed=r.seed, log=log, max_restarts=r.learner.max_restarts,
         )
 
     def _resume_from(self, ckpt: Path, log: MetricsLogger) -> RunState:

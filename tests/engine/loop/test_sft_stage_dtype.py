@@ -63,3 +63,69 @@ def test_the_sft_model_is_written_in_the_model_dtype_not_float32(monkeypatch, tm
                                             batch_size=2, seed=0, log=Log()))
     assert written == str(out)
     assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16", "the SFT model was written in float32"
+
+
+def _stage(monkeypatch, tmp_path, learners: LearnerGroup, log: Any, max_restarts: int) -> str:
+    import agentrl.models.loading as loading
+
+    monkeypatch.setattr(loading, "load_tokenizer", lambda name: None)
+    monkeypatch.setattr(sft_stage, "load_conversations", lambda source, n, seed: [{"messages": []}] * n)
+    monkeypatch.setattr(sft_stage, "encode_chat", lambda tok, c: {"tokens": [1, 2], "loss_mask": [0, 1]})
+    return asyncio.run(sft_stage.run_sft(learners, {}, model="/start", out=tmp_path / "sft", source="s", num_examples=8,
+                                         steps=4, batch_size=2, seed=0, log=log, max_restarts=max_restarts))
+
+
+class Events(Log):
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def event(self, text: str, **fields: Any) -> None:
+        self.events.append(text)
+
+
+def test_a_learner_death_during_sft_restarts_the_stage_from_the_model(monkeypatch, tmp_path):
+    """The first learner dies in its third step: a new one runs all four steps from the start
+    model, and the stage's model is written; the restart is one event in words."""
+    ranks: list[Any] = []
+    steps: list[tuple[int, int]] = []
+
+    class Dying(SftLearner):
+        def sft_step(self, batch: list[Any]) -> dict[str, Any]:
+            steps.append((len(ranks), len(steps)))
+            if len(ranks) == 1 and len(steps) == 3:
+                ranks[0].kill()
+            return super().sft_step(batch)
+
+    def factory(rank: int, kwargs: dict[str, Any], options: dict[str, Any]) -> Any:
+        ranks.append(local_actor(Dying("float32"), f"learner {rank}"))
+        return ranks[-1]
+
+    log = Events()
+    out = _stage(monkeypatch, tmp_path, LearnerGroup(num_ranks=1, placement=None, timeout_s=30.0, factory=factory), log, 1)
+    assert out == str(tmp_path / "sft") and (tmp_path / "sft" / "config.json").is_file()
+    assert len(ranks) == 2 and [n for n, _ in steps].count(2) == 4  # the second learner ran the whole stage
+    [restart] = [e for e in log.events if "restarting the SFT stage" in e]
+    assert "learner rank 0 died during SFT step 3" in restart and "from /start at step 0 (restart 1 of 1)" in restart
+
+
+def test_sft_restarts_are_bounded(monkeypatch, tmp_path):
+    from agentrl.errors import LearnerDied
+
+    class AlwaysDying(SftLearner):
+        def sft_step(self, batch: list[Any]) -> dict[str, Any]:
+            handles[-1].kill()
+            return super().sft_step(batch)
+
+    handles: list[Any] = []
+
+    def factory(rank: int, kwargs: dict[str, Any], options: dict[str, Any]) -> Any:
+        handles.append(local_actor(AlwaysDying("float32"), f"learner {rank}"))
+        return handles[-1]
+
+    learners = LearnerGroup(num_ranks=1, placement=None, timeout_s=30.0, factory=factory)
+    try:
+        _stage(monkeypatch, tmp_path, learners, Events(), 1)
+    except LearnerDied as died:
+        assert "died during SFT step 1" in str(died) and len(handles) == 2
+    else:
+        raise AssertionError("a learner that keeps dying must end the stage")
