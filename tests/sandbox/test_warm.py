@@ -287,3 +287,22 @@ def test_a_tree_that_ended_badly_is_never_reused(how: str) -> None:
     assert (first.timed_out if how == "timeout" else first.exit_code == 128 + signal.SIGKILL), first
     assert stats.trees_reused > 0 and stats.workers_replaced == 0, stats  # reuse goes on for the others
     assert all(r.ok for r in later) and tree_of(first) not in {tree_of(r) for r in later}
+
+
+def test_a_tree_the_host_left_without_its_release_is_never_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server resets and reuses a tree only when the host's last message on its channel was
+    RELEASE. A host that closes the channel without it (a code path that shut the channel, a
+    host that went away) may still act on the tree's init: the server kills that init instead."""
+    from agentrl.sandbox import _tree
+
+    monkeypatch.setattr(_tree.AsyncConn, "release", lambda self: None)
+
+    async def go() -> tuple[list[ExecResult], Any]:
+        async with light(max_concurrency=1) as sb:
+            await sb.start()
+            return [await sb.run(TREE_ID) for _ in range(6)], sb.stats
+
+    results, stats = arun(go)
+    assert all(r.ok for r in results), results
+    assert stats.trees_reused == 0, stats
+    assert len({tree_of(r) for r in results}) == 6
