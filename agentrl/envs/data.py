@@ -66,8 +66,8 @@ def load_rows(
     Args:
         source: where the rows come from —
             ``"synthetic:calc"``, ``"synthetic:linear"``, ``"synthetic:word"``,
-            ``"synthetic:turns"``: generated problems with exact answers (see
-            :mod:`agentrl.envs.synthetic`);
+            ``"synthetic:turns"``, ``"synthetic:math"``, ``"synthetic:math_ood"``: generated
+            problems with exact answers (see :mod:`agentrl.envs.synthetic`);
             a local file (:func:`is_local_source`): ``.jsonl`` (one JSON object a line),
             ``.json`` (a list of objects, or JSON lines), ``.csv`` (a header row; values are
             strings), ``.parquet``;
@@ -131,8 +131,11 @@ def _synthetic(source: str, split: str, limit: int | None, seed: int) -> list[di
         known = ", ".join(repr(k) for k in SYNTHETIC_TASKS)
         raise DataError(f"{source}: unknown synthetic task {task!r} (known: {known})")
     n = SYNTHETIC_DEFAULT_ROWS if limit is None else limit
+    generate = SYNTHETIC_TASKS[task]
+    if getattr(generate, "takes_split", False):  # splits disjoint by question (agentrl.envs.math_tasks)
+        return generate(n, seed, split=split)
     split_seed = seed if split == "train" else seed + zlib.crc32(split.encode()) + 1
-    return SYNTHETIC_TASKS[task](n, split_seed)
+    return generate(n, split_seed)
 
 
 def _load_file(path: Path, limit: int | None) -> tuple[list[Any], list[int] | None]:

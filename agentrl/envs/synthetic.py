@@ -13,7 +13,9 @@ checked with sympy when it is made (a generator bug raises instead of shipping a
   ``Mia buys 4 notebooks at 3 dollars each and a pen for 2 dollars. She pays with a 20-dollar
   bill. How many dollars of change does she get?`` -> ``"6"``.
 
-:data:`SYNTHETIC_TASKS` maps the names used by ``load_rows("synthetic:<name>")`` to generators.
+:data:`SYNTHETIC_TASKS` maps the names used by ``load_rows("synthetic:<name>")`` to generators;
+the harder math tasks (``math``, ``math_ood`` and their templates) are in
+:mod:`agentrl.envs.math_tasks`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
+from agentrl.envs.math_tasks import MATH_TASKS
 from agentrl.errors import DataError
 
 __all__ = ["SYNTHETIC_TASKS", "linear_equations", "word_problems", "calc_problems", "format_fraction"]
@@ -59,7 +62,7 @@ def _sympy_check(task: str, question: str, expr_text: str, answer: str, solve_fo
         solutions = sympy.solve(sympy.Eq(sympy.sympify(lhs), sympy.sympify(rhs)), x)
         ok = solutions == [expected]
     else:
-        ok = sympy.nsimplify(sympy.sympify(expr_text)) == expected
+        ok = sympy.sympify(expr_text, rational=True) == expected  # (nsimplify turns some rationals into surds)
     if not ok:
         raise DataError(f"synthetic:{task}: the generated answer {answer!r} of {question!r} is wrong (sympy: {expr_text})")
 
@@ -183,10 +186,11 @@ def turns_rows(n: int, seed: int) -> list[dict[str, Any]]:
     return turn_rows(n, seed)
 
 
-SYNTHETIC_TASKS: dict[str, Callable[[int, int], list[dict[str, Any]]]] = {
+SYNTHETIC_TASKS: dict[str, Callable[..., list[dict[str, Any]]]] = {
     "calc": calc_problems,
     "turns": turns_rows,
     "linear": linear_equations,
     "word": word_problems,
+    **MATH_TASKS,  # harder math with an out-of-distribution set (agentrl.envs.math_tasks)
 }
 """``load_rows("synthetic:<name>")`` task names and their ``(n, seed) -> rows`` generators."""

@@ -19,7 +19,7 @@ def test_synthetic_calc() -> None:
 
 
 def test_unknown_synthetic_task() -> None:
-    with pytest.raises(DataError, match="unknown synthetic task .nope. \\(known: .calc., .turns., .linear., .word.\\)"):
+    with pytest.raises(DataError, match="unknown synthetic task .nope. \\(known: .calc., .turns., .linear., .word., .math., .math_ood., "):
         load_rows("synthetic:nope")
 
 
