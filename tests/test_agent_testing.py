@@ -3,7 +3,6 @@ written, the scripted replies are the OpenAI SDK's own types, and a script that 
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
@@ -13,14 +12,14 @@ import pytest
 from agentrl.agent_testing import ScriptedClient, play_offline, tool_call
 from agentrl.errors import AgentRLError
 from agentrl.sandbox.testing import FakeSandbox
+from tests.doc_blocks import DOCS_DIR
+from tests.doc_blocks import example as doc_example
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "agents.md"
+DOC = DOCS_DIR / "agents.md"
 
 
 def example(name: str) -> str:
-    match = re.search(rf"<!-- example: {name} -->\s*```python\n(.*?)```", DOC.read_text(), re.DOTALL)
-    assert match is not None, f"no example {name!r} in {DOC}"
-    return match.group(1)
+    return doc_example(DOC, name)
 
 
 @pytest.fixture

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from tests.doc_blocks import example
+
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md"]
 MARKER = re.compile(r"<!-- example: ([\w-]+) -->\s*$")
@@ -32,12 +34,6 @@ def blocks(path: Path) -> list[tuple[int, str | None]]:
         if line.strip():
             prev = line
     return out
-
-
-def example(path: Path, name: str) -> str:
-    match = re.search(rf"<!-- example: {name} -->\s*```python\n(.*?)```", path.read_text(), re.DOTALL)
-    assert match is not None, f"no example {name!r} in {path}"
-    return match.group(1)
 
 
 def test_every_python_block_in_the_docs_is_named_and_run_by_a_test() -> None:

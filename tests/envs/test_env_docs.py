@@ -1,6 +1,5 @@
 """docs/environments.md: the minimal tool environment is at most 30 lines and runs as written, and so does the PythonTool-in-ToolEnv example."""
 
-import re
 import sys
 from pathlib import Path
 
@@ -8,14 +7,15 @@ import anyio
 import gymnasium
 import pytest
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "environments.md"
+from tests.doc_blocks import DOCS_DIR
+from tests.doc_blocks import example as doc_example
+
+DOC = DOCS_DIR / "environments.md"
 
 
 def example(name: str) -> str:
     """The ```python block that follows ``<!-- example: name -->`` in the doc."""
-    match = re.search(rf"<!-- example: {name} -->\s*```python\n(.*?)```", DOC.read_text(), re.DOTALL)
-    assert match is not None, f"no example {name!r} in {DOC}"
-    return match.group(1)
+    return doc_example(DOC, name)
 
 
 @pytest.fixture
