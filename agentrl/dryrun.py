@@ -191,7 +191,8 @@ def _dtype(recipe: Recipe) -> tuple[str, str]:
     GPU recipe checked on a machine without GPUs is planned for the GPUs)."""
     from agentrl.dtype_plan import plan_dtype
 
-    plan = plan_dtype(recipe.model.dtype, gpu=recipe.generator.num_gpus > 0 or recipe.learner.num_gpus > 0)
+    plan = plan_dtype(recipe.model.dtype, gpu=recipe.generator.num_gpus > 0 or recipe.learner.num_gpus > 0,
+                      explicit="dtype" in recipe.model.model_fields_set)
     return "ok", f"{plan.dtype} ({plan.reason})"
 
 

@@ -96,14 +96,17 @@ def plan_dtype(
     cpu_speedup: Callable[[], float] | None = None,
     cpu_units: Callable[[], str] | None = None,
     cuda_bf16: Callable[[], bool | None] | None = None,
+    explicit: bool = True,
 ) -> DtypePlan:
     """The dtype of a run whose recipe asks for ``requested`` (``model.dtype``), its devices
     GPUs (``gpu``) or CPUs. The probes are injectable: ``cpu_speedup`` (bfloat16's measured
     speed ratio over float32 here), ``cpu_units`` (torch's capability query, named in the
     reason); None: the real ones; ``cuda_bf16`` (whether the CUDA device this process sees supports bfloat16; None:
-    this process sees none). Only ``"auto"`` runs a probe."""
+    this process sees none). Only ``"auto"`` runs a probe. ``explicit``: whether the recipe
+    sets ``model.dtype`` (False: it is the default, and the reason says so)."""
     if requested != "auto":
-        return DtypePlan(requested, requested, "set in the recipe")  # type: ignore[arg-type]
+        why = "set in the recipe" if explicit else 'the default; model.dtype = "auto" picks bfloat16 where it is fast'
+        return DtypePlan(requested, requested, why)  # type: ignore[arg-type]
     if gpu:
         supported = (cuda_bf16 or _cuda_bf16)()
         if supported is None:

@@ -65,3 +65,13 @@ def test_the_recipe_accepts_auto_and_the_dry_run_says_what_it_resolves_to(monkey
     assert status == "ok" and detail.startswith("float32 (auto: a bfloat16 matrix product ran 0.15x")
     with pytest.raises(Exception, match="dtype"):
         recipe(model={"path": "unused", "dtype": "fp8"})
+
+
+def test_a_default_dtype_is_said_to_be_the_default() -> None:
+    from agentrl import dryrun
+    from tests.engine.test_wiring import recipe
+
+    plan = plan_dtype("float32", gpu=False, cpu_speedup=_never, explicit=False)
+    assert plan.dtype == "float32" and plan.reason.startswith("the default; model.dtype = \"auto\"")
+    assert dryrun._dtype(recipe(model={"path": "unused"}))[1].startswith("float32 (the default;")
+    assert dryrun._dtype(recipe(model={"path": "unused", "dtype": "float32"}))[1] == "float32 (set in the recipe)"

@@ -179,7 +179,8 @@ class Controller:
         from agentrl.dtype_plan import plan_dtype
 
         r = self.recipe
-        plan = plan_dtype(r.model.dtype, gpu=r.generator.num_gpus > 0 or r.learner.num_gpus > 0)
+        plan = plan_dtype(r.model.dtype, gpu=r.generator.num_gpus > 0 or r.learner.num_gpus > 0,
+                          explicit="dtype" in r.model.model_fields_set)
         if plan.dtype != r.model.dtype:
             self.recipe = r = r.model_copy(update={"model": r.model.model_copy(update={"dtype": plan.dtype})})
             self.run_dir.recipe.write_text(json.dumps(r.model_dump(mode="json"), indent=2))
