@@ -78,6 +78,11 @@ def test_own_module_default_checkpoints_rerun_and_resume_from(tmp_path, tiny_cal
     # the console (not a terminal, no COLUMNS): the commands that show the run, whole on one line each
     lines = first.stderr.splitlines()
     assert f"curves: tensorboard --logdir {run_dir / 'tensorboard'}; report (plots, trajectories): agentrl report {run_dir}" in lines, lines[:10]
+    # one readable line per component when it is ready, and the dtype the run chose
+    assert any(re.fullmatch(r"generators ready: 1 vLLM engine on cpu, started in \d+\.\d s", line) for line in lines), lines[:20]
+    assert any(re.fullmatch(r"learner ready: 1 rank on cpu \(gloo\), [\d.]+( [kMB])? parameters, full fine-tuning(, .+)?, started in "
+                            r"\d+\.\d s", line) for line in lines), lines[:20]
+    assert "dtype: float32 (set in the recipe)" in lines, lines[:20]
     step_lines = [line for line in lines if re.match(r"step +\d+ v", line)]
     assert len(step_lines) == MAX_STEPS and "eta" not in step_lines[0], step_lines  # no ETA before a step time is known
     assert re.search(r"  t=\d+s  eta \d+(s|m\d\ds)$", step_lines[1]), step_lines  # step 2 of 3: one step left
