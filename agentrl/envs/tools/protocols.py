@@ -4,16 +4,16 @@ calls, and the OpenAI-style function schema every tool shows the model."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from agentrl.envs.parsers import ToolOutput
 
 if TYPE_CHECKING:
-    from agentrl.envs.tools.python_tool import PythonSession, PythonTool
-    from agentrl.sandbox.base import Sandbox
+    from agentrl.sandbox.base import ExecResult, Sandbox
 
-__all__ = ["Tool", "ToolContext", "ToolLimits", "tool_schema"]
+__all__ = ["CodeCell", "CodeSession", "Tool", "ToolContext", "ToolLimits", "tool_schema"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,30 @@ class ToolLimits:
         return 2 * (self.timeout_s or 30.0) + float(self.deadline_grace_s)
 
 
+class CodeCell(Protocol):
+    """One piece of code a :class:`CodeSession` ran."""
+
+    code: str
+    """The code as the model wrote it."""
+    wall_s: float
+    """Seconds it ran."""
+
+
+class CodeSession(Protocol):
+    """An episode's interpreter for one code tool: the cells run so far, and running one more
+    (:class:`~agentrl.envs.tools.python_tool.PythonSession` is the one agentrl ships)."""
+
+    @property
+    def cells(self) -> Sequence[CodeCell]:
+        """The cells that ran, oldest first."""
+        ...
+
+    async def run(self, sandbox: Sandbox, code: str, *, timeout_s: float | None, memory_mb: int | None) -> ExecResult:
+        """Run ``code`` in ``sandbox`` after the session's earlier cells (within ``timeout_s``
+        seconds and ``memory_mb`` MiB; None: the sandbox's defaults)."""
+        ...
+
+
 @runtime_checkable
 class ToolContext(Protocol):
     """What a tool may use from the environment that calls it (a :class:`ToolEnv` is one)."""
@@ -61,8 +85,9 @@ class ToolContext(Protocol):
         """
         ...
 
-    def python_session(self, tool: PythonTool) -> PythonSession:
-        """The episode's :class:`PythonSession` for ``tool`` (one per tool, reset with the episode)."""
+    def python_session(self, tool: Tool) -> CodeSession:
+        """The episode's interpreter session for the code tool ``tool`` (a
+        :class:`~agentrl.envs.tools.python_tool.PythonSession`; one per tool, reset with the episode)."""
         ...
 
 
