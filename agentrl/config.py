@@ -12,6 +12,7 @@ Every field has a docstring (pydantic turns attribute docstrings into field desc
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -601,6 +602,20 @@ class LoraConfig(_Section):
     least ``algo.max_staleness + 2``."""
 
 
+class EvalSetConfig(_Section):
+    """A further held-out set evaluated beside the main one (``[eval.sets.NAME]``), e.g. problems
+    from templates or ranges training never sees; its metrics are logged as ``NAME/accuracy``..."""
+
+    source: str
+    """Its dataset (same forms as ``data.source``), e.g. ``"synthetic:math_ood"``."""
+    fields: dict[str, str] | None = None
+    """Column mapping of ``source``; None = ``eval.fields``, else ``data.fields``."""
+    split: str = "test"
+    """Split of ``source``."""
+    limit: int | None = Field(None, gt=0)
+    """Rows to evaluate on; None = ``eval.limit``."""
+
+
 class EvalConfig(_Section):
     """Held-out evaluation before and after RL (and every ``every_steps``)."""
 
@@ -621,6 +636,16 @@ class EvalConfig(_Section):
     samples: int = Field(4, ge=0)
     """Episodes of each evaluation written, decoded, to ``eval_samples.jsonl`` (the report's
     trajectory browser; ``agentrl eval --show N`` prints N of them)."""
+    sets: dict[str, EvalSetConfig] = Field(default_factory=dict)
+    """Further held-out sets by name (``[eval.sets.ood] source = "synthetic:math_ood"``), played
+    at every evaluation with the same weights; the main set's numbers stay unprefixed."""
+
+    @model_validator(mode="after")
+    def _set_names(self) -> "EvalConfig":
+        for name in self.sets:
+            if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+                raise ValueError(f"eval.sets: set name {name!r} must be lower-case letters, digits and '_', starting with a letter")
+        return self
 
 
 class PlacementConfig(_Section):

@@ -252,6 +252,9 @@ def dry_run(recipe: Recipe, echo: Callable[[str], None] = print) -> bool:
         ("model", lambda: _model(recipe)),
         ("data", lambda: _data(recipe, recipe.data.split, recipe.data.limit)),
         ("eval data", lambda: _data(recipe, recipe.eval.split, recipe.eval.limit, recipe.eval.source, recipe.eval.fields) if recipe.eval.limit else ("ok", "no evaluation")),
+        *((f"eval {name}", lambda s=s: _data(recipe, s.split, s.limit or recipe.eval.limit, s.source,
+                                              s.fields if s.fields is not None else recipe.eval.fields))
+          for name, s in recipe.eval.sets.items()),
         ("environment", lambda: _env(recipe)),
         ("reward", lambda: _reward(recipe)),
         ("objective", lambda: _objective(recipe)),

@@ -136,9 +136,13 @@ def _table(cls: type[BaseModel], prefix: str, out: list[str], title: str, option
             nested.append((key, field, section, opt, False))
             continue
         rows.append((key, _type(field.annotation) + _bounds(field), _default(field), field.description or ""))
-        item = typing.get_args(field.annotation)[0] if typing.get_origin(field.annotation) is list else None
+        origin, args = typing.get_origin(field.annotation), typing.get_args(field.annotation)
+        item = args[0] if origin is list else None
         if isinstance(item, type) and issubclass(item, BaseModel):  # a list of tables: [[section.key]]
             nested.append((key, field, item, True, True))
+        value = args[1] if origin is dict and len(args) == 2 else None
+        if isinstance(value, type) and issubclass(value, BaseModel):  # named tables: [section.key.NAME]
+            nested.append((key, field, value, True, False))
     out.append(f"## {title}" + (" *(optional)*" if optional else ""))
     out.append("")
     if cls.__doc__:
@@ -152,7 +156,12 @@ def _table(cls: type[BaseModel], prefix: str, out: list[str], title: str, option
             out.append(f"| `{prefix}{key}` | `{_cell(typ)}` | {shown} | {_cell(meaning)} |")
         out.append("")
     for key, field, section, opt, many in nested:
-        _table(section, f"{prefix}{key}[].", out, f"[[{prefix}{key}]]", opt) if many else _table(section, f"{prefix}{key}.", out, f"[{prefix}{key}]", opt)
+        if many:
+            _table(section, f"{prefix}{key}[].", out, f"[[{prefix}{key}]]", opt)
+        elif typing.get_origin(field.annotation) is dict:
+            _table(section, f"{prefix}{key}.NAME.", out, f"[{prefix}{key}.NAME]", opt)
+        else:
+            _table(section, f"{prefix}{key}.", out, f"[{prefix}{key}]", opt)
 
 
 def render() -> str:

@@ -3,9 +3,10 @@
 Reads ``RUN_DIR/metrics.jsonl`` and writes into ``RUN_DIR/report/``:
 
 - ``training.png``: four panels over wall-clock time — mean training reward per learner step,
-  held-out accuracy per evaluation (with tool-call rate), the staleness of trained samples
+  held-out accuracy per evaluation (of every held-out set, with tool-call rate), the staleness of trained samples
   (stacked: how many versions behind the learner), generation and training tokens/s;
-- ``summary.md``: the numbers behind it (evaluation before/after, steps, duration, throughput,
+- ``summary.md``: the numbers behind it (every evaluation with ReTool's measurements of tool use,
+  the accuracy gained on each held-out set, steps, duration, throughput,
   stale drops, infra failures; under refill, groups sampled, with a signal, set aside);
 - ``index.html``: one self-contained page with interactive curves, the evaluation table and a
   trajectory browser whose tokens are coloured by the weight version that wrote them
@@ -17,8 +18,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from agentrl.engine.loop.evaluation import eval_sets
 from agentrl.engine.metrics import read_metrics
-from agentrl.report_html import write_html_report
+from agentrl.report_html import TOOL_USE_COLUMNS, write_html_report
 from agentrl.errors import DataError
 
 __all__ = ["write_report"]
@@ -60,6 +62,9 @@ def write_report(run_dir: str | Path) -> Path:
     ax = axes[0][1]
     t, y = _series(evals, "accuracy")
     ax.plot(t, y, marker="o", label="held-out accuracy")
+    for name in eval_sets(evals):
+        t1, y1 = _series(evals, f"{name}/accuracy")
+        ax.plot(t1, y1, marker="s", label=f"held-out accuracy ({name})")
     t2, y2 = _series(evals, "tool_call_rate")
     ax.plot(t2, y2, marker="x", linestyle="--", label="tool-call rate")
     for r in evals:
@@ -116,14 +121,20 @@ def write_report(run_dir: str | Path) -> Path:
                 f"failed; refill factor {sum(r.get('refill_factor', 1.0) for r in steps) / len(steps):.2f} on average (groups sampled / the batch's groups)"
             )
     if evals:
-        lines += ["", "| eval | version | accuracy | tool-call rate | turns | episodes |", "| --- | --- | --- | --- | --- | --- |"]
+        sets = eval_sets(evals)
+        cols = [("accuracy", "accuracy", "{:.3f}"), *((f"{n}/accuracy", f"{n} accuracy", "{:.3f}") for n in sets), *TOOL_USE_COLUMNS,
+                ("turns_mean", "turns", "{:.2f}"), ("episodes", "episodes", "{:.0f}")]
+        lines += ["", "| eval | version | " + " | ".join(c[1] for c in cols) + " |", "| --- " * (len(cols) + 2) + "|"]
         for i, r in enumerate(evals):
             label = "before RL" if i == 0 else ("after RL" if i == len(evals) - 1 else "during")
-            lines.append(
-                f"| {label} | {r['version']} | {r['accuracy']:.3f} | {r['tool_call_rate']:.3f} | {r['turns_mean']:.2f} | {int(r['episodes'])} |"
-            )
+            cells = [fmt.format(r[k]) if isinstance(r.get(k), (int, float)) else "" for k, _, fmt in cols]
+            lines.append(f"| {label} | {r['version']} | " + " | ".join(cells) + " |")
         if len(evals) > 1:
             lines += ["", f"Held-out accuracy gain: **{100 * (evals[-1]['accuracy'] - evals[0]['accuracy']):+.1f} points**."]
+            for name in sets:
+                a, b = evals[0].get(f"{name}/accuracy"), evals[-1].get(f"{name}/accuracy")
+                if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+                    lines.append(f"Held-out accuracy gain on `{name}`: **{100 * (b - a):+.1f} points**.")
     lines += ["", "![training](training.png)", "", "Trajectories and interactive curves: [index.html](index.html).", ""]
     (out / "summary.md").write_text("\n".join(lines))
     write_html_report(run_dir, records, out)

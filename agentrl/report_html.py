@@ -2,8 +2,10 @@
 
 - **Training curves**: Plotly figures built here with ``plotly.graph_objects`` and drawn by
   Plotly's own bundle, inlined in the page (no network, no chart code of ours). The curves are
-  reward and held-out accuracy, throughput, the staleness of trained samples, loss and grad norm,
-  and (for runs that log them) dynamic sampling: groups sampled per step, those with a learning
+  reward and held-out accuracy (of every held-out set), throughput, the staleness of trained
+  samples, loss and grad norm, tool use at each evaluation (ReTool's measurements: tool-call
+  rate, code blocks per episode, code error rate, recovery rate, response length), and (for runs
+  that log them) dynamic sampling: groups sampled per step, those with a learning
   signal, those set aside as solved or failed, the refill factor.
 - **Evaluation table**: every evaluation record.
 - **Trajectory browser**: the episodes of ``samples.jsonl`` (training) and ``eval_samples.jsonl``.
@@ -26,7 +28,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAX_EPISODES", "write_html_report", "episode_turns"]
+from agentrl.engine.loop.evaluation import eval_sets
+
+__all__ = ["MAX_EPISODES", "TOOL_USE_COLUMNS", "write_html_report", "episode_turns"]
 
 MAX_EPISODES = 2000
 """Most episodes embedded in the page (every failure first, then an even sample)."""
@@ -128,13 +132,25 @@ def _figures(steps: list[dict[str, Any]], evals: list[dict[str, Any]]) -> list[d
 
     layout = {"margin": {"l": 50, "r": 40, "t": 40, "b": 80}, "height": 340,
               "legend": {"orientation": "h", "yanchor": "top", "y": -0.22, "xanchor": "left", "x": 0.0}}
+    versions = [e.get("version") for e in evals]
     figs = [
-        go.Figure([line("reward_mean", "training reward"), line("accuracy", "held-out accuracy", evals, [e.get("version") for e in evals]),
-                   line("tool_call_rate", "held-out tool-call rate", evals, [e.get("version") for e in evals], line={"dash": "dot"})],
+        go.Figure([line("reward_mean", "training reward"), line("accuracy", "held-out accuracy", evals, versions),
+                   *(line(f"{n}/accuracy", f"held-out accuracy ({n})", evals, versions) for n in eval_sets(evals)),
+                   line("tool_call_rate", "held-out tool-call rate", evals, versions, line={"dash": "dot"})],
                   {**layout, "title": "reward, accuracy", "xaxis": {"title": "step (weight version)"}}),
         go.Figure([line("gen_tokens_per_s", "generated tok/s"), line("train_tokens_per_s", "trained tok/s")],
                   {**layout, "title": "throughput (tokens/s)", "xaxis": {"title": "step"}}),
     ]
+    if any("tool_error_rate" in e for e in evals):  # ReTool's measurements, at every evaluation
+        figs.append(go.Figure(
+            [line(k, label, evals, versions) for k, label, _ in TOOL_USE_COLUMNS if k not in ("response_tokens_mean", "tool_calls_mean")]
+            + [line("tool_calls_mean", "code blocks / episode", evals, versions, yaxis="y2", line={"dash": "dot"}),
+               line("response_tokens_mean", "response tokens / episode", evals, versions, yaxis="y3", line={"dash": "dash"})],
+            {**layout, "title": "tool use at each evaluation", "xaxis": {"title": "weight version", "domain": [0, 0.85]},
+             "yaxis": {"title": "share of episodes / calls", "range": [-0.02, 1.02]},
+             "yaxis2": {"overlaying": "y", "side": "right", "title": "blocks"},
+             "yaxis3": {"overlaying": "y", "side": "right", "position": 0.95, "anchor": "free", "title": "tokens"}},
+        ))
     lags = sorted({int(k) for s in steps for k in (s.get("staleness_hist") or {})})
     figs.append(go.Figure(
         [go.Bar(x=x, y=[(s.get("staleness_hist") or {}).get(str(k), 0) for s in steps], name=f"{k} behind") for k in lags],
@@ -155,9 +171,20 @@ def _figures(steps: list[dict[str, Any]], evals: list[dict[str, Any]]) -> list[d
     return [json.loads(f.to_json()) for f in figs]
 
 
+TOOL_USE_COLUMNS: list[tuple[str, str, str]] = [
+    ("tool_call_rate", "tool-call rate", "{:.3f}"), ("tool_calls_mean", "code blocks / episode", "{:.2f}"),
+    ("tool_error_rate", "code error rate", "{:.3f}"), ("recovery_rate", "recovery rate", "{:.3f}"),
+    ("response_tokens_mean", "response tokens", "{:.0f}"),
+]
+"""ReTool's measurements of an evaluation record (key, column label, format): the share of
+episodes that called the tool, calls per episode, the share of calls that failed, the share of
+episodes with a failed call that still solved the task, and tokens written per episode."""
+
+
 def _eval_table(evals: list[dict[str, Any]]) -> str:
-    cols = [("version", "version", "{:.0f}"), ("accuracy", "accuracy", "{:.3f}"), ("reward_mean", "mean reward", "{:.3f}"),
-            ("tool_call_rate", "tool-call rate", "{:.3f}"), ("turns_mean", "turns", "{:.2f}"), ("episodes", "episodes", "{:.0f}"),
+    cols = [("version", "version", "{:.0f}"), ("accuracy", "accuracy", "{:.3f}"),
+            *((f"{n}/accuracy", f"{n} accuracy", "{:.3f}") for n in eval_sets(evals)), ("reward_mean", "mean reward", "{:.3f}"),
+            *TOOL_USE_COLUMNS, ("turns_mean", "turns", "{:.2f}"), ("episodes", "episodes", "{:.0f}"),
             ("infra_failures", "infra failures", "{:.0f}"), ("agent_failures", "agent failures", "{:.0f}")]
     head = "".join(f"<th>{html.escape(label)}</th>" for _, label, _ in cols)
     rows = []

@@ -416,9 +416,18 @@ class Controller:
         if e.limit and len(rows) < e.limit:
             log.warning(f"eval.limit = {e.limit} but {e.source or r.data.source} [{e.split}] has only {len(rows)} rows: "
                         f"evaluating on all {len(rows)}")
+        sets: dict[str, list[dict[str, Any]]] = {}
+        for name, s in e.sets.items():
+            fields = s.fields if s.fields is not None else (e.fields if e.fields is not None else r.data.fields)
+            limit = s.limit or e.limit or None
+            sets[name] = load_rows(s.source, split=s.split, fields=fields or None, limit=limit, seed=r.seed)
+            if limit and len(sets[name]) < limit:
+                log.warning(f"eval.sets.{name}: {limit} rows asked but {s.source} [{s.split}] has only {len(sets[name])}: "
+                            f"evaluating on all {len(sets[name])}")
         return Evaluator(
             workers=lambda: fleet.workers, rows=rows, temperature=e.temperature, timeout_s=e.timeout_s, log=log,
             samples_path=self.run_dir.eval_samples, records=list(state.evals) if state is not None else [], samples=e.samples,
+            sets=sets,
         )
 
     def _metric_sinks(self) -> list[Any]:

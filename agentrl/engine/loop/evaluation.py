@@ -10,6 +10,18 @@ Metrics (fractions in [0, 1] unless said otherwise):
 - ``agent_failures``: agent episodes whose agent program failed (excluded likewise; a count);
 - ``overflow_before_generating``: episodes whose prompt alone exceeded the token limit (a count),
   and ``overflow_prompt_tokens`` the longest such prompt.
+
+ReTool's measurements of tool use (over the same episodes):
+
+- ``tool_calls_mean``: tool calls (code blocks) per episode (a count);
+- ``tool_error_rate``: the share of those calls that failed (code that raised, a malformed call);
+- ``tool_error_episodes``: episodes with at least one failed call (a count), and
+  ``recovery_rate`` the share of them that still solved the task (0 when there were none);
+- ``response_tokens_mean``: tokens the model wrote per episode, over all its turns (a count).
+
+An evaluation may hold further named sets (``[eval.sets.NAME]``, e.g. an out-of-distribution
+set): each is played with the same weights and its metrics join the record as ``NAME/accuracy``,
+``NAME/tool_call_rate`` and so on.
 """
 
 from __future__ import annotations
@@ -22,18 +34,25 @@ from typing import Any
 from agentrl.engine.loop.degenerate import diagnose_eval
 from agentrl.engine.common.trajectory import AGENT_FAILURE, Trajectory
 
-__all__ = ["Evaluator", "evaluate", "summarise"]
+__all__ = ["Evaluator", "eval_sets", "evaluate", "summarise"]
 
 
 def summarise(trajs: list[Trajectory]) -> dict[str, float]:
     """The evaluation metrics of a list of episodes (see the module docstring)."""
     ok = [t for t in trajs if t.trainable]
     n = max(1, len(ok))
+    calls = sum(t.metrics.get("tool_calls", 0) for t in ok)
+    erred = [t for t in ok if t.metrics.get("tool_errors", 0) > 0]
     return {
         "accuracy": sum(1 for t in ok if t.reward >= 1.0) / n,
         "reward_mean": sum(t.reward for t in ok) / n,
         "tool_call_rate": sum(1 for t in ok if t.metrics.get("tool_calls", 0) > 0) / n,
         "turns_mean": sum(t.metrics.get("turns", 0) for t in ok) / n,
+        "tool_calls_mean": calls / n,
+        "tool_error_rate": sum(t.metrics.get("tool_errors", 0) for t in ok) / max(1, calls),
+        "tool_error_episodes": float(len(erred)),
+        "recovery_rate": sum(1 for t in erred if t.reward >= 1.0) / max(1, len(erred)),
+        "response_tokens_mean": sum(t.metrics.get("generated_tokens", t.num_generated) for t in ok) / n,
         "episodes": float(len(ok)),
         "infra_failures": float(sum(not t.trainable and t.status != AGENT_FAILURE for t in trajs)),
         "agent_failures": float(sum(t.status == AGENT_FAILURE for t in trajs)),
@@ -42,13 +61,23 @@ def summarise(trajs: list[Trajectory]) -> dict[str, float]:
     }
 
 
+def eval_sets(records: list[dict[str, Any]]) -> list[str]:
+    """The names of the further held-out sets in evaluation ``records`` (keys ``NAME/accuracy``), in first-seen order."""
+    names: dict[str, None] = {}
+    for r in records:
+        for key in r:
+            if key.endswith("/accuracy"):
+                names.setdefault(key[: -len("/accuracy")], None)
+    return list(names)
+
+
 async def evaluate(
-    workers: list[Any], rows: list[dict[str, Any]], sampling: dict[str, Any], *, timeout_s: float
+    workers: list[Any], rows: list[dict[str, Any]], sampling: dict[str, Any], *, timeout_s: float, prefix: str = "eval"
 ) -> tuple[dict[str, float], list[Trajectory]]:
     """Play one episode for each row on the rollout ``workers`` (Ray handles) with ``sampling``
-    (e.g. greedy: ``{"temperature": 0.0}``); return (metrics, episodes)."""
+    (e.g. greedy: ``{"temperature": 0.0}``), as groups ``<prefix><row index>``; return (metrics, episodes)."""
     calls = [
-        workers[i % len(workers)].run_group.remote(row, i, f"eval{i}", 1, sampling, score=False)  # the environment's reward alone
+        workers[i % len(workers)].run_group.remote(row, i, f"{prefix}{i}", 1, sampling, score=False)  # the environment's reward alone
         for i, row in enumerate(rows)
     ]
     groups = await asyncio.wait_for(asyncio.gather(*calls), timeout_s)
@@ -61,14 +90,18 @@ class Evaluator:
     ``workers`` (a callable returning the current handles), at ``temperature``, within
     ``timeout_s``; logs each evaluation to ``log`` (a MetricsLogger), appends its first ``samples``
     episodes to ``samples_path`` (decoded, with their reward, status, turns, tool calls and error)
-    and keeps the records (:attr:`records`; ``records`` seeds them on a resume)."""
+    and keeps the records (:attr:`records`; ``records`` seeds them on a resume). ``sets`` maps the
+    names of further held-out sets to their rows: each is played in the same evaluation and its
+    metrics are logged as ``NAME/metric`` in the same record (its episodes are not sampled)."""
 
     def __init__(
         self, *, workers: Any, rows: list[dict[str, Any]], temperature: float, timeout_s: float, log: Any,
         samples_path: Any, records: list[dict[str, Any]] | None = None, samples: int = 4,
+        sets: dict[str, list[dict[str, Any]]] | None = None,
     ) -> None:
         self.workers = workers
         self.rows = rows
+        self.sets = dict(sets or {})
         self.temperature = temperature
         self.timeout_s = timeout_s
         self.log = log
@@ -79,11 +112,18 @@ class Evaluator:
     async def __call__(self, version: int) -> dict[str, Any]:
         """Evaluate weights ``version``; the logged record."""
         t0 = time.monotonic()
-        metrics, trajs = await evaluate(self.workers(), self.rows, {"temperature": self.temperature}, timeout_s=self.timeout_s)
-        rec = self.log.log("eval", version=version, **metrics, eval_s=time.monotonic() - t0)
+        sampling = {"temperature": self.temperature}
+        metrics, trajs = await evaluate(self.workers(), self.rows, sampling, timeout_s=self.timeout_s)
+        extra: dict[str, float] = {}
+        for name, rows in self.sets.items():
+            left = max(1.0, self.timeout_s - (time.monotonic() - t0))  # one budget for the whole evaluation
+            set_metrics, _ = await evaluate(self.workers(), rows, sampling, timeout_s=left, prefix=f"eval-{name}-")
+            extra.update({f"{name}/{k}": v for k, v in set_metrics.items()})
+        rec = self.log.log("eval", version=version, **metrics, **extra, eval_s=time.monotonic() - t0)
         self.records.append(rec)
+        others = "".join(f"  {name} accuracy {extra[f'{name}/accuracy']:.3f}" for name in self.sets)
         self.log.console.print(
-            f"[bold]eval v{int(version)}[/]: accuracy {metrics['accuracy']:.3f}  tool-call rate "
+            f"[bold]eval v{int(version)}[/]: accuracy {metrics['accuracy']:.3f}{others}  tool-call rate "
             f"{metrics['tool_call_rate']:.3f}  turns {metrics['turns_mean']:.2f}  "
             f"({int(metrics['episodes'])} episodes, {time.monotonic() - t0:.0f} s)"
         )
