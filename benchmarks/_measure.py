@@ -145,9 +145,10 @@ def emit(text: str, key: str, write: bool, section: str | None = None) -> None:
 
 
 def eval_curve(run_dir: str) -> list[dict]:
-    """``[{version, rl_s, accuracy, tool_call_rate}]`` of an agentrl run's evaluations, read from
-    its ``metrics.jsonl``: ``rl_s`` is the RL loop's wall-clock at the evaluation without the time
-    spent in evaluations before it (version 0, before RL, is at 0)."""
+    """``[{version, rl_s, accuracy, tool_call_rate, ...}]`` of an agentrl run's evaluations, read
+    from its ``metrics.jsonl``: ``rl_s`` is the RL loop's wall-clock at the evaluation without the
+    time spent in evaluations before it (version 0, before RL, is at 0); every other number of the
+    evaluation record comes along under its own key (``ood/accuracy``, ``recovery_rate``...)."""
     import json
     from pathlib import Path
 
@@ -160,7 +161,8 @@ def eval_curve(run_dir: str) -> list[dict]:
         at = max(0.0, r["time"] - r.get("eval_s", 0.0) - start - eval_s) if r["version"] else 0.0
         if r["version"]:
             eval_s += r.get("eval_s", 0.0)
-        out.append({"version": r["version"], "rl_s": at, "accuracy": r["accuracy"], "tool_call_rate": r.get("tool_call_rate", 0.0)})
+        numbers = {k: v for k, v in r.items() if isinstance(v, (int, float)) and k != "time"}
+        out.append({**numbers, "version": r["version"], "rl_s": at, "accuracy": r["accuracy"], "tool_call_rate": r.get("tool_call_rate", 0.0)})
     return out
 
 
