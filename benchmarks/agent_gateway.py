@@ -10,7 +10,7 @@ engine, sandbox, model, rows and sampling seeds:
 - *env*: :class:`MirrorEnv`, a ``TextEnv`` that shows the model exactly the same text (the system
   turn holds the same ``<tools>`` block the chat template writes, tool output comes back as a
   ``tool`` message, the answer is scored the same way), played by
-  :func:`agentrl.engine.episodes.rollout.play_episode`, token in/token out with no HTTP at all.
+  :func:`agentrl.engine.episodes.env_episode.play_episode`, token in/token out with no HTTP at all.
 
 Both passes sample every turn of episode ``i`` with the same seed (``episode_seed(0, i, 0, turn)``),
 so they can generate the same tokens: the benchmark compares the generated token ids episode by
@@ -98,7 +98,7 @@ def same_ids(a: list[Any], b: list[Any]) -> int:
 
 
 async def env_pass(gen: Any, tok: Any, rows: list[dict], concurrency: int, sandbox: Any) -> tuple[float, list[Any]]:
-    from agentrl.engine.episodes.rollout import play_episode
+    from agentrl.engine.episodes.env_episode import play_episode
 
     env_cls = mirror_env_class()
     sem = asyncio.Semaphore(concurrency)
@@ -118,7 +118,7 @@ async def env_pass(gen: Any, tok: Any, rows: list[dict], concurrency: int, sandb
 async def gateway_pass(gen: Any, tok: Any, rows: list[dict], concurrency: int, sandbox: Any) -> tuple[float, list[Any]]:
     from agentrl.engine.episodes.agent_episode import play_agent_episode
     from agentrl.engine.episodes.gateway import Gateway, new_http_client
-    from agentrl.engine.episodes.rollout import episode_seed
+    from agentrl.engine.episodes.env_episode import episode_seed
     from agentrl.envs.calc_agent import calc_agent
 
     gateway = Gateway(tok)

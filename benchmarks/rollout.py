@@ -173,7 +173,7 @@ class EnginePass:
 async def _engine_pass(
     gens: list[Any], tok: Any, rows: list[dict], concurrency: int, sandbox: Any, turn_tokens: int, turns: int, stop_ids: bool = True
 ) -> EnginePass:
-    from agentrl.engine.episodes.rollout import play_episode
+    from agentrl.engine.episodes.env_episode import play_episode
     from agentrl.envs.calc import CalcEnv
 
     sem = asyncio.Semaphore(concurrency)

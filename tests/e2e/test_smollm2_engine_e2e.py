@@ -91,7 +91,7 @@ def _mismatch(learner: Any, samples: list[dict[str, Any]]) -> tuple[float, float
 
 def test_smollm2_through_generation_learning_and_weight_updates(smol_model, tmp_path) -> None:
     from agentrl.engine.generation.generator import EngineSettings, VllmGenerator
-    from agentrl.engine.episodes.rollout import play_episode
+    from agentrl.engine.episodes.env_episode import play_episode
     from agentrl.models.loading import load_tokenizer
     from tests.engine.generation.local_send import send_over_gloo
 

@@ -1,6 +1,6 @@
 """Agent episodes: an OpenAI-SDK agent program played against the policy through the gateway.
 
-The second episode kind beside :func:`agentrl.engine.episodes.rollout.play_episode` (environment
+The second episode kind beside :func:`agentrl.engine.episodes.env_episode.play_episode` (environment
 episodes). Both produce the same :class:`~agentrl.engine.common.trajectory.Trajectory`, so the staleness
 queue, advantages, losses and metrics do not know which kind they train. An agent episode is:
 

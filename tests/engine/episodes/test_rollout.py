@@ -7,7 +7,7 @@ import pytest
 
 from agentrl.engine.common.interfaces import Generation
 from agentrl.engine.episodes.render import IncrementalRenderer, TemplateMismatch
-from agentrl.engine.episodes.rollout import play_episode
+from agentrl.engine.episodes.env_episode import play_episode
 from agentrl.envs.calc import CalcEnv
 from agentrl.errors import GeneratorError
 from agentrl.models.loading import load_tokenizer
@@ -179,7 +179,7 @@ def test_routing_least_outstanding_tokens_with_group_affinity(tiny_calc_model):
     assert len(gens[0].calls) == 6 and len(gens[1].calls) == 6  # 4 groups of 3 split 2/2
     # affinity (not round-robin): every episode of a group went to one generator; episodes are
     # told apart by their first turn's seed
-    from agentrl.engine.episodes.rollout import episode_seed
+    from agentrl.engine.episodes.env_episode import episode_seed
 
     for i in range(4):
         seeds = {episode_seed(0, i, j, 0) for j in range(3)}
