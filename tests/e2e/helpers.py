@@ -26,7 +26,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from agentrl.cli import train_command
-from agentrl.engine.common.audit import episodes_audit_path, learner_audit_path, read_audit
+from agentrl.engine.common.audit import episodes_audit_path, learner_audit_path, read_audit, set_aside_audit_path
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -201,11 +201,105 @@ def sample_prompt(sample_id: str) -> int:
     return int(sample_id.split("/")[0][1:].split("-")[0])
 
 
+def trained_timeline(run_dir: Path) -> tuple[list[dict], list[dict]]:
+    """What the final weights were trained on, from the learner's append-only audit log:
+    ``(timeline, rolled_back)``. ``timeline``: the learner step records that led to the final
+    weights, in step order; ``rolled_back``: records of steps a restart threw away (a learner
+    restarted from a checkpoint trains the steps after it again, so a record whose step is not
+    past the last one kept rewinds the timeline to before it)."""
+    timeline: list[dict] = []
+    rolled_back: list[dict] = []
+    for rec in read_audit(learner_audit_path(run_dir)):
+        while timeline and timeline[-1]["step"] >= rec["step"]:
+            rolled_back.append(timeline.pop())
+        timeline.append(rec)
+    return timeline, rolled_back
+
+
+def audit_violations(run_dir: Path, summary: dict, *, max_steps: int, group: int, staleness: int, batch: int) -> list[str]:
+    """The run's invariants, checked from its append-only audit logs (``RUN_DIR/audit/``: what
+    the learner ranks and the rollout workers wrote, never rewound), whatever was killed and
+    restarted how often; the controller's ``summary.json`` (``summary``) is only the claim
+    checked against them. One line per violation; none: the run kept every invariant:
+
+    - the learner reached ``max_steps``: the steps behind the final weights are 1..max_steps;
+    - no sample was trained twice, and each prompt in one step only;
+    - the labels agree with the tokens (one prompt digest per prompt index);
+    - every trained sample came from an episode a rollout worker recorded as finished (not an
+      infrastructure failure);
+    - every prompt below the cursor was trained exactly once, or is accounted for with a
+      reason: dropped as stale (its episodes finished, it was not trained), abandoned (its
+      episodes failed on infrastructure), set aside by refill (``set_aside.jsonl``'s reason), or
+      still waiting at the end, and what waits is bounded by the staleness window, so
+      "waiting" cannot hide lost prompts.
+
+    ``max_steps``, ``group`` (samples per prompt), ``staleness`` (``algo.max_staleness``),
+    ``batch`` (samples per step): the run's settings."""
+    out: list[str] = []
+    timeline, rolled_back = trained_timeline(run_dir)
+    got = [rec["step"] for rec in timeline]
+    if got != list(range(1, max_steps + 1)):
+        out.append(f"the learner did not reach max_steps = {max_steps}: the final weights were trained on steps {got}")
+    ids = [s["id"] for rec in timeline for s in rec["samples"]]
+    if None in ids:
+        out.append("a trained sample carries no label")
+    twice = sorted({i for i in ids if ids.count(i) > 1}, key=str)
+    if twice:
+        out.append(f"samples trained twice: {twice[:10]}")
+    per_step = [{sample_prompt(i) for i in (s["id"] for s in rec["samples"]) if i is not None} for rec in timeline]
+    trained = set().union(*per_step) if per_step else set()
+    if sum(map(len, per_step)) != len(trained):
+        split = sorted(p for p in trained if sum(p in s for s in per_step) > 1)
+        out.append(f"prompts trained in two steps: {split[:10]}")
+    digests: dict[int, set[str]] = defaultdict(set)
+    for rec in timeline + rolled_back:
+        for s in rec["samples"]:
+            if s["id"] is not None:
+                digests[sample_prompt(s["id"])].add(s["prompt_sha1"])
+    mixed = sorted(p for p, d in digests.items() if len(d) > 1)
+    if mixed:
+        out.append(f"prompt indices trained with two different prompts: {mixed[:10]}")
+
+    episodes = [e for e in read_audit(episodes_audit_path(run_dir)) if str(e["id"]).startswith("p")]
+    finished = {e["id"] for e in episodes if e["status"] != "infra_failure"}
+    unfinished = sorted({i for i in ids if i is not None} - finished, key=str)
+    if unfinished:
+        out.append(f"trained samples no rollout worker recorded as finished: {unfinished[:10]}")
+    by_prompt: dict[int, list[dict]] = defaultdict(list)
+    for e in episodes:
+        by_prompt[e["prompt"]].append(e)
+    set_aside = {r["prompt"]: r["reason"] for r in read_audit(set_aside_audit_path(run_dir))}
+    dropped, abandoned = set(summary["dropped_prompts"]), set(summary["abandoned_prompts"])
+    waiting = set(summary["untrained_prompts"])
+    for name, claimed in (("dropped", dropped), ("abandoned", abandoned), ("waiting", waiting)):
+        if claimed & trained:
+            out.append(f"prompts trained and also said {name}: {sorted(claimed & trained)[:10]}")
+    no_reason = sorted(p for p in dropped if not any(e["status"] != "infra_failure" for e in by_prompt[p]))
+    if no_reason:
+        out.append(f"prompts said dropped as stale with no finished episode in the audit: {no_reason[:10]}")
+    no_reason = sorted(p for p in abandoned if not by_prompt[p] or any(e["status"] != "infra_failure" for e in by_prompt[p]))
+    if no_reason:
+        out.append(f"prompts said abandoned whose episodes did not all fail on infrastructure: {no_reason[:10]}")
+    if len(waiting) > (staleness + 1) * batch // group:
+        out.append(f"{len(waiting)} prompts still waiting at the end, more than the staleness window holds: {sorted(waiting)[:10]}")
+    accounted = trained | dropped | abandoned | waiting | set(set_aside)
+    lost = sorted(set(range(summary["prompt_cursor"])) - accounted)
+    if lost:
+        out.append(f"prompts below the cursor ({summary['prompt_cursor']}) neither trained nor accounted for: {lost[:10]}")
+    again = {sample_prompt(s["id"]) for rec in rolled_back for s in rec["samples"] if s["id"] is not None}
+    if again - accounted:
+        out.append(f"prompts of rolled-back steps lost: {sorted(again - accounted)[:10]}")
+    return out
+
+
 def check_audit(run_dir: Path, summary: dict, *, killed_at: int, max_steps: int, batch: int, group: int,
                 staleness: int) -> None:
     """A run whose learner was SIGKILLed once (with the whole run, then resumed; or alone, then
     restarted in the run) trained every prompt once and lost none, by the learner's and the
-    rollout workers' append-only records (``RUN_DIR/audit/``), not the controller's account.
+    rollout workers' append-only records (``RUN_DIR/audit/``), not the controller's account:
+    :func:`audit_violations`, plus that exactly two learner processes trained, the killed one
+    every step seen logged before the kill, each step a full batch, a distinct prompt per
+    prompt index, and nothing dropped or abandoned.
 
     ``summary``: the run's ``summary.json``; ``killed_at``: the last step seen logged before the
     kill; ``max_steps``, ``batch`` (samples per step), ``group`` (samples per prompt),
@@ -220,43 +314,15 @@ def check_audit(run_dir: Path, summary: dict, *, killed_at: int, max_steps: int,
     checkpoint = resumed[0]["step"] - 1
     assert 1 <= checkpoint <= len(killed)
     assert [rec["step"] for rec in resumed] == list(range(checkpoint + 1, max_steps + 1))
-    timeline = killed[:checkpoint] + resumed  # what the final weights were trained on
-    rolled_back = killed[checkpoint:]  # trained, then lost with the kill: must be trained again
-
-    ids = [s["id"] for rec in timeline for s in rec["samples"]]
-    assert None not in ids and len(ids) == len(set(ids)), f"a sample was trained twice: {ids}"
-    per_step = [{sample_prompt(i) for i in (s["id"] for s in rec["samples"])} for rec in timeline]
-    trained = set().union(*per_step)
-    assert sum(map(len, per_step)) == len(trained), f"a prompt was trained in two steps: {per_step}"
+    violations = audit_violations(run_dir, summary, max_steps=max_steps, group=group, staleness=staleness, batch=batch)
+    assert not violations, violations
+    timeline, _ = trained_timeline(run_dir)
+    per_step = [{sample_prompt(s["id"]) for s in rec["samples"]} for rec in timeline]
+    # a distinct digest per prompt index (the dataset's questions are distinct; these runs stay in its first epoch)
+    digests = {sample_prompt(s["id"]): s["prompt_sha1"] for rec in audit for s in rec["samples"]}
+    assert len(set(digests.values())) == len(digests)
     assert all(len(p) == batch // group for p in per_step), per_step
-    # the labels agree with the tokens: one prompt digest per prompt index, and a distinct
-    # digest per prompt index (the dataset's questions are distinct)
-    digests = defaultdict(set)
-    for rec in audit:
-        for s in rec["samples"]:
-            digests[sample_prompt(s["id"])].add(s["prompt_sha1"])
-    assert all(len(d) == 1 for d in digests.values()), digests
-    assert len({next(iter(d)) for d in digests.values()}) == len(digests)
-
-    episodes = [e for e in read_audit(episodes_audit_path(run_dir)) if e["id"].startswith("p")]
-    finished = defaultdict(set)
-    for e in episodes:
-        finished[e["prompt"]].add(e["id"])
-    trainable = {e["id"] for e in episodes if e["status"] != "infra_failure"}
-    assert set(ids) <= trainable, "the learner trained a sample no rollout worker finished"
-    # no prompt lost: every prompt the run issued in the end (below its cursor) whose whole
-    # group finished is trained once, or still waiting at the end — and what waits is bounded
-    # by the staleness window, so "waiting" cannot hide lost prompts
-    waiting = set(summary["untrained_prompts"])
     assert summary["dropped_prompts"] == [] and summary["abandoned_prompts"] == []
-    assert len(waiting) <= (staleness + 1) * batch // group, waiting
-    assert not waiting & trained
-    complete = {p for p, got in finished.items() if len(got) >= group and p < summary["prompt_cursor"]}
-    assert complete - trained <= waiting, sorted(complete - trained - waiting)
-    assert trained <= complete
-    # the rewind lost nothing: the rolled-back steps' prompts were trained again or still wait
-    again = {sample_prompt(s["id"]) for rec in rolled_back for s in rec["samples"]}
-    assert again <= trained | waiting, sorted(again - trained - waiting)
 
 
 @contextlib.contextmanager
@@ -301,6 +367,8 @@ AGENTRL_LINES = (
     # the progress line of every learner step off a terminal (agentrl.engine.metrics.MetricsLogger.step)
     r"step +\d+ v\d+ +reward -?\d+\.\d{3}  gen +\d+\.\d tok/s  train +\d+\.\d tok/s  queue +\d+  "
     r"staleness \{(\d+:\d+( \d+:\d+)*)?\}  infra \d+  t=\d+s(  eta (\d+h\d{2}m|\d+m\d{2}s|\d+s))?(  \(rewards not scored: \d+\))?",
+    # the supervised stage's progress, every 25 steps and at its last (agentrl.engine.loop.sft_stage)
+    r"sft +\d+/\d+  loss \d+\.\d{4}  lr \d\.\d{2}e[-+]\d{2}  \d+ trained tok/s  t=\d+s",
     # an evaluation (agentrl.engine.loop.evaluation.Evaluator)
     r"eval v\d+: accuracy \d\.\d{3}  tool-call rate \d\.\d{3}  turns \d+\.\d{2}  \(\d+ episodes, \d+ s\)",
     # the last line of `agentrl train` (agentrl.cli)
