@@ -213,11 +213,13 @@ def _check(args: argparse.Namespace) -> int:
     passed = dry_run(recipe, echo=lines.append)
     errors = sum(1 for line in lines if line.split()[:1] == ["error"])
     offline = sum(1 for line in lines if line.split()[:1] == ["offline"])
+    warnings = sum(1 for line in lines if line.split()[:1] == ["warning"])
     if not passed or errors:
         head = f"{errors} error{'s' if errors != 1 else ''}" if errors else "failed"
     else:
         head = "ok"
-    print(f"{args.recipe}: {head} ({what})" + (f"; {offline} check(s) need the network" if offline else ""))
+    print(f"{args.recipe}: {head} ({what})" + (f"; {offline} check(s) need the network" if offline else "")
+          + (f"; {warnings} warning{'s' if warnings != 1 else ''}" if warnings else ""))
     for line in lines:
         print(line)
     return 0 if passed and not errors else 2

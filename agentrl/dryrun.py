@@ -2,8 +2,9 @@
 
 Each check prints one line: ``ok``, ``offline`` (needs the network: a hub model or dataset that
 is not cached here — not an error on a machine without internet), ``elsewhere`` (planned for a
-machine this is not: a GPU recipe checked on a machine without GPUs), or ``error`` (the recipe
-cannot run anywhere). The run directory is not created and no actor is started.
+machine this is not: a GPU recipe checked on a machine without GPUs), ``warning`` (runs, but not
+as the recipe reads: an ``eval.limit`` above the rows there are), or ``error`` (the recipe cannot
+run anywhere). The run directory is not created and no actor is started.
 """
 
 from __future__ import annotations
@@ -56,8 +57,11 @@ def _model(recipe: Recipe) -> tuple[str, str]:
 
 
 def _data(
-    recipe: Recipe, split: str, limit: int | None, source: str | None = None, fields: dict[str, str] | None = None
+    recipe: Recipe, split: str, limit: int | None, source: str | None = None, fields: dict[str, str] | None = None,
+    limit_key: str | None = None,
 ) -> tuple[str, str]:
+    """The data line of ``source`` (the recipe's training data when None). ``limit_key``: the
+    recipe key that set ``limit`` (``eval.limit``), when fewer rows than it are a warning."""
     from agentrl.envs.data import is_local_source, load_rows
     from agentrl.models.loading import hub_reachable
 
@@ -70,7 +74,10 @@ def _data(
         rows = load_rows(src, split=split, fields=fields or None, limit=limit or 4, seed=recipe.seed)
     except DataError as exc:
         return ("error" if local else "offline"), str(exc)
-    return "ok", f"{src} [{split}]: rows load (first: {str(rows[0])[:80]}...)"
+    loaded = f"{src} [{split}]: rows load (first: {str(rows[0])[:80]}...)"
+    if limit_key is not None and limit and len(rows) < limit:
+        return "warning", f"{limit_key} = {limit} but {src} [{split}] has only {len(rows)} rows: the run evaluates all {len(rows)}; {loaded}"
+    return "ok", loaded
 
 
 def _env(recipe: Recipe) -> tuple[str, str]:
@@ -251,7 +258,8 @@ def dry_run(recipe: Recipe, echo: Callable[[str], None] = print) -> bool:
     checks = [
         ("model", lambda: _model(recipe)),
         ("data", lambda: _data(recipe, recipe.data.split, recipe.data.limit)),
-        ("eval data", lambda: _data(recipe, recipe.eval.split, recipe.eval.limit, recipe.eval.source, recipe.eval.fields) if recipe.eval.limit else ("ok", "no evaluation")),
+        ("eval data", lambda: _data(recipe, recipe.eval.split, recipe.eval.limit, recipe.eval.source, recipe.eval.fields, "eval.limit")
+         if recipe.eval.limit else ("ok", "no evaluation")),
         *((f"eval {name}", lambda s=s: _data(recipe, s.split, s.limit or recipe.eval.limit, s.source,
                                               s.fields if s.fields is not None else recipe.eval.fields))
           for name, s in recipe.eval.sets.items()),
