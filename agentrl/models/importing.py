@@ -20,12 +20,15 @@ half folder that a later run would mistake for a model. Every failure is a
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.metadata
 import json
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from agentrl.errors import ModelError
@@ -123,22 +126,108 @@ def locate_gguf(source: str) -> Path:
     return path
 
 
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+"""GGUF metadata value types of fixed size and their ``struct`` codes (8 is a string, 9 an array)."""
+
+
+class _Truncated(Exception):
+    """The GGUF file ended inside its header."""
+
+
+def _read_gguf_header(path: Path) -> tuple[str, int, int]:
+    """``(general.architecture, bytes the header and tensor infos say the file holds, its size)``,
+    read from the header alone (its metadata and tensor table, never the tensor data): a fraction
+    of a second where a full :class:`gguf.GGUFReader` parse of a 49k-token vocabulary takes seconds.
+
+    Raises ``_Truncated`` when the file ends inside the header, ValueError when a field is not
+    what the GGUF format allows.
+    """
+    import struct
+
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    size = path.stat().st_size
+    with open(path, "rb", buffering=1 << 20) as fh:
+
+        def take(n: int) -> bytes:
+            data = fh.read(n)
+            if len(data) != n:
+                raise _Truncated(f"the file ends at byte {size}, inside its header")
+            return data
+
+        order = "<"
+        (version,) = struct.unpack("<I", take(8)[4:])
+        if version & 0xFFFF == 0:  # written big-endian
+            order, version = ">", struct.unpack(">I", struct.pack("<I", version))[0]
+        if version not in (2, 3):
+            raise ValueError(f"GGUF version {version} (2 and 3 are known)")
+
+        def num(code: str) -> Any:
+            return struct.unpack(order + code, take(struct.calcsize(code)))[0]
+
+        def string() -> str:
+            return take(num("Q")).decode("utf-8", errors="replace")
+
+        def value(kind: int) -> Any:
+            if kind in _GGUF_SCALARS:
+                return num(_GGUF_SCALARS[kind])
+            if kind == 8:
+                return string()
+            if kind == 9:
+                item, count = num("I"), num("Q")
+                if item in _GGUF_SCALARS:  # skipped in one read
+                    take(count * struct.calcsize(_GGUF_SCALARS[item]))
+                else:
+                    for _ in range(count):
+                        value(item)
+                return None
+            raise ValueError(f"unknown metadata value type {kind}")
+
+        n_tensors, n_kv = num("Q"), num("Q")
+        arch, alignment = None, 32
+        for _ in range(n_kv):
+            key, kind = string(), num("I")
+            v = value(kind)
+            if key == "general.architecture":
+                arch = v
+            elif key == "general.alignment" and isinstance(v, int) and v > 0:
+                alignment = v
+        end = 0
+        for _ in range(n_tensors):
+            string()
+            dims = [num("Q") for _ in range(num("I"))]
+            qtype, offset = num("I"), num("Q")
+            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
+            elements = 1
+            for d in dims:
+                elements *= d
+            end = max(end, offset + elements // block * type_size)
+        data_start = -(-fh.tell() // alignment) * alignment
+    if not isinstance(arch, str):
+        raise ValueError("no general.architecture string in its metadata")
+    return arch, data_start + end, size
+
+
 def _check_architecture(path: Path, source: str) -> str:
-    """The file's ``general.architecture``; ModelError if the file is unreadable or transformers
-    has no loader for it."""
+    """The file's ``general.architecture``; ModelError if the file is unreadable, shorter than its
+    header says (a truncated download), or transformers has no loader for it."""
     try:
-        from gguf import GGUFReader
-        from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES, read_field
+        import gguf  # noqa: F401
+        from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
     except ImportError as e:
         raise ModelError(
             f"cannot import {source!r}: reading GGUF files needs the packages gguf and accelerate "
             f"(pip install gguf accelerate; scripts/setup.sh installs them): {e}"
         ) from e
     try:
-        reader = GGUFReader(str(path))
-        arch = str(read_field(reader, "general.architecture")[0])
+        arch, needed, size = _read_gguf_header(path)
     except Exception as e:
         raise ModelError(f"cannot import {source!r}: {path} is not a readable GGUF file ({_describe(e)})") from e
+    if size < needed:
+        raise ModelError(
+            f"cannot import {source!r}: {path} is not a readable GGUF file (truncated: it is {size} bytes, "
+            f"its header lists tensors up to byte {needed})"
+        )
     if arch not in GGUF_SUPPORTED_ARCHITECTURES and arch.replace("moe", "_moe") not in GGUF_SUPPORTED_ARCHITECTURES:
         raise ModelError(
             f"cannot import {source!r}: its architecture {arch!r} has no GGUF loader in transformers "
@@ -194,15 +283,35 @@ def import_model(source: str, out_dir: str | Path, *, dtype: str = "float32", ov
             hf_logging.enable_progress_bar()
 
 
+@contextlib.contextmanager
+def _name_maps_cached() -> Iterator[None]:
+    """Within the block, ``gguf.get_tensor_name_map(arch, n_blocks)`` returns one map per
+    arguments: transformers' GGUF loader asks for it again for every submodule of the model (397
+    times for SmolLM2, each a fresh table of every tensor name of every architecture). The map is
+    a pure function of its arguments; the original is put back after the block."""
+    import gguf
+
+    original = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(original)
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map = original
+
+
 def _convert(source: str, path: Path, arch: str, out: Path, torch_dtype: Any, dtype: str) -> Path:
     """Load ``path`` with transformers' GGUF reader and write it to ``out`` (see :func:`import_model`)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     t0 = time.monotonic()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch_dtype)
+        with _name_maps_cached():
+            config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, config=config)
+            loaded = AutoModelForCausalLM.from_pretrained(
+                str(path.parent), gguf_file=path.name, config=config, dtype=torch_dtype
+            )
     except Exception as e:
         raise ModelError(f"cannot import {source!r}: transformers could not load {path} ({_describe(e)})") from e
 
