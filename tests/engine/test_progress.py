@@ -179,3 +179,54 @@ def test_every_console_line_escapes_what_could_hold_brackets() -> None:
     assert offenders == []
     # the rule finds an unescaped message
     assert _unsafe_console_interpolations('log.console.print(f"[dim]{message}[/] {escape(x)} {n:.2f} {int(k)}")') == ["line 1: {message}"]
+
+
+_DEFAULT_CONSOLE_RUN = """
+import sys
+from pathlib import Path
+from agentrl.engine.metrics import MetricsLogger
+
+log = MetricsLogger(Path(sys.argv[1]), max_steps=3)  # the console a run gets: stderr, whatever it is
+step = {"reward_mean": 0.5, "gen_tokens_per_s": 800.0, "train_tokens_per_s": 2000.0, "queue_depth": 4,
+        "staleness_hist": {"0": 8}, "infra_failures": 0}
+for i in (1, 2):
+    log.step(step=i, version=i, **step)
+mode = "LIVE" if log.view is not None else "PLAIN"
+log.close()
+print(mode, flush=True)  # (after close: the live panel takes stdout over while it shows)
+"""
+
+
+def test_a_terminal_gets_the_live_panel_and_a_file_gets_plain_lines(tmp_path) -> None:
+    """The logger a run makes by default (stderr): on a real terminal (a pty) the live panel, with
+    the run's progress out of max_steps; written to a file, one plain line per step."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", _DEFAULT_CONSOLE_RUN, str(tmp_path / "tty")], stdout=subprocess.PIPE,
+                            stderr=follower, env={**os.environ, "TERM": "xterm", "COLUMNS": "120"})
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    mode, _ = proc.communicate(timeout=60)
+    screen = shown.decode(errors="replace")
+    assert proc.returncode == 0 and mode.decode().strip() == "LIVE", screen
+    assert "2 / 3" in screen and "step    1 v1" not in screen, screen
+
+    with open(tmp_path / "console.log", "w") as f:
+        done = subprocess.run([sys.executable, "-c", _DEFAULT_CONSOLE_RUN, str(tmp_path / "file")], stdout=subprocess.PIPE,
+                              stderr=f, timeout=60)
+    lines = (tmp_path / "console.log").read_text().splitlines()
+    assert done.returncode == 0 and done.stdout.decode().strip() == "PLAIN", lines
+    assert [line.split(" v")[0] for line in lines if line.startswith("step")] == ["step    1", "step    2"], lines

@@ -31,6 +31,8 @@ import json
 import time
 from typing import Any
 
+from rich.markup import escape
+
 from agentrl.engine.loop.degenerate import diagnose_eval
 from agentrl.engine.common.trajectory import AGENT_FAILURE, Trajectory
 
@@ -123,7 +125,7 @@ class Evaluator:
         self.records.append(rec)
         others = "".join(f"  {name} accuracy {extra[f'{name}/accuracy']:.3f}" for name in self.sets)
         self.log.console.print(
-            f"[bold]eval v{int(version)}[/]: accuracy {metrics['accuracy']:.3f}{others}  tool-call rate "
+            f"[bold]eval v{int(version)}[/]: accuracy {metrics['accuracy']:.3f}{escape(others)}  tool-call rate "
             f"{metrics['tool_call_rate']:.3f}  turns {metrics['turns_mean']:.2f}  "
             f"({int(metrics['episodes'])} episodes, {time.monotonic() - t0:.0f} s)"
         )
