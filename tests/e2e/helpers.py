@@ -369,8 +369,10 @@ AGENTRL_LINES = (
     r"staleness \{(\d+:\d+( \d+:\d+)*)?\}  infra \d+  t=\d+s(  eta (\d+h\d{2}m|\d+m\d{2}s|\d+s))?(  \(rewards not scored: \d+\))?",
     # the supervised stage's progress, every 25 steps and at its last (agentrl.engine.loop.sft_stage)
     r"sft +\d+/\d+  loss \d+\.\d{4}  lr \d\.\d{2}e[-+]\d{2}  \d+ trained tok/s  t=\d+s",
+    # the supervised stage's progress, every 25 steps and at its last (agentrl.engine.loop.sft_stage)
+    r"sft +\d+/\d+  loss \d+\.\d{4}  lr \d\.\d{2}e[-+]\d{2}  \d+ trained tok/s  t=\d+s",
     # an evaluation (agentrl.engine.loop.evaluation.Evaluator)
-    r"eval v\d+: accuracy \d\.\d{3}  tool-call rate \d\.\d{3}  turns \d+\.\d{2}  \(\d+ episodes, \d+ s\)",
+    r"eval v\d+: accuracy \d\.\d{3}(  \S+ accuracy \d\.\d{3})*  tool-call rate \d\.\d{3}  turns \d+\.\d{2}  \(\d+ episodes, \d+ s\)",
     # the last line of `agentrl train` (agentrl.cli)
     r"done: \d+ steps, weight version \d+, \d+ samples trained, \d+ dropped as stale, \d+ infra failures, "
     r"\d+ agent failures; checkpoint \S+",
