@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from pathlib import Path
@@ -32,7 +33,10 @@ async def run_sft(
         log.event(f"SFT stage already done: {out}")
         return str(out)
     tok = load_tokenizer(model)
-    samples = [encode_chat(tok, c) for c in load_conversations(source, num_examples, seed)]
+    # In a thread: a source function may run an event loop of its own (anyio.run), and a slow one
+    # must not stall this loop's timers.
+    conversations = await asyncio.to_thread(load_conversations, source, num_examples, seed)
+    samples = [encode_chat(tok, c) for c in conversations]
     log.event(f"SFT: {steps} steps x {batch_size} of {len(samples)} conversations from {source}")
     t0 = time.monotonic()
     restarts = 0

@@ -105,7 +105,10 @@ def load_conversations(source: str, n: int, seed: int = 0) -> list[Conversation]
         fn = getattr(importlib.import_module(module_name), fn_name)
     except (ImportError, AttributeError) as exc:
         raise DataError(f"SFT source {source!r}: cannot import: {exc}") from exc
-    convs = list(fn(n, seed))
+    try:
+        convs = list(fn(n, seed))
+    except Exception as exc:  # the user's code: say whose it was, not a traceback
+        raise DataError(f"SFT source {source!r} raised {type(exc).__name__}: {exc}") from exc
     if len(convs) != n:
         raise DataError(f"SFT source {source!r} returned {len(convs)} conversations, expected {n}")
     return convs

@@ -129,3 +129,41 @@ def test_sft_restarts_are_bounded(monkeypatch, tmp_path):
         assert "died during SFT step 1" in str(died) and len(handles) == 2
     else:
         raise AssertionError("a learner that keeps dying must end the stage")
+
+
+def demonstrations_with_their_own_loop(n: int, seed: int = 0) -> list[list[dict[str, str]]]:
+    """An SFT source that plays its conversations in an event loop of its own (as
+    agentrl.envs.math_demos:tool_demonstrations does through its environment)."""
+    import anyio
+
+    async def main() -> list[list[dict[str, str]]]:
+        return [[{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}] for i in range(n)]
+
+    return anyio.run(main)
+
+
+def test_a_source_that_runs_its_own_event_loop_works_inside_the_running_stage(monkeypatch, tmp_path):
+    import agentrl.models.loading as loading
+
+    monkeypatch.setattr(loading, "load_tokenizer", lambda name: None)
+    seen: list[Any] = []
+    monkeypatch.setattr(sft_stage, "encode_chat", lambda tok, c: seen.append(c) or {"tokens": [1, 2], "loss_mask": [0, 1]})
+    learners = LearnerGroup(num_ranks=1, placement=None, timeout_s=30.0,
+                            factory=lambda rank, kwargs, options: local_actor(SftLearner("float32"), f"learner {rank}"))
+    asyncio.run(sft_stage.run_sft(learners, {}, model="m", out=tmp_path / "sft", source=f"{__name__}:demonstrations_with_their_own_loop",
+                                  num_examples=3, steps=1, batch_size=2, seed=0, log=Log()))
+    assert [c[0]["content"] for c in seen] == ["q0", "q1", "q2"]
+
+
+def test_a_source_that_raises_is_a_data_error_naming_it():
+    import pytest
+
+    from agentrl.engine.training.sft import load_conversations
+    from agentrl.errors import DataError
+
+    with pytest.raises(DataError, match=r"SFT source 'tests.engine.loop.test_sft_stage_dtype:demonstrations_with_their_own_loop' raised RuntimeError"):
+        asyncio.run(_in_a_loop(load_conversations, "tests.engine.loop.test_sft_stage_dtype:demonstrations_with_their_own_loop"))
+
+
+async def _in_a_loop(fn: Any, source: str) -> Any:
+    return fn(source, 2, 0)  # called on the loop's own thread: anyio.run refuses
