@@ -3,8 +3,9 @@
     model → SFT → start the actors → evaluation → RL loop (with learner failover) → final model
     → evaluation → summary
 
-Each stage is another module's job (see docs/architecture.md for the map): the recipe becomes
-plain arguments in :mod:`~agentrl.engine.wiring`, actors are Ray's through
+Each stage is another module's job (see docs/architecture.md for the map): the parts are built
+from the recipe by :mod:`~agentrl.engine.assembly` (the controller receives them built), the
+recipe becomes plain arguments in :mod:`~agentrl.engine.wiring`, actors are Ray's through
 :mod:`~agentrl.engine.common.cluster`, generators live in the :mod:`~agentrl.engine.generation.fleet`, versions
 reach them through the :mod:`~agentrl.engine.loop.publishing` publisher, the RL loop is
 :mod:`~agentrl.engine.loop.loop` over the :mod:`~agentrl.engine.loop.ledger` and the staleness queue.
@@ -20,8 +21,9 @@ from typing import Any
 
 from agentrl.config import Recipe
 from agentrl.engine import wiring
+from agentrl.engine.assembly import Assembly
 from agentrl.engine.loop.checkpointing import RunCheckpointer
-from agentrl.engine.common.cluster import RayErrorRoute, cluster_nodes, new_actor, shutdown_all, start_ray, stop_ray
+from agentrl.engine.common.cluster import RayErrorRoute, cluster_nodes, shutdown_all, start_ray, stop_ray
 from agentrl.engine.loop.critic_stage import CriticStage
 from agentrl.engine.loop.evaluation import Evaluator
 from agentrl.engine.loop.failover import LearnerFailover, run_with_failover
@@ -57,20 +59,37 @@ class Controller:
     over, an earlier run in the run directory renamed aside; ``resume_from``: a checkpoint folder
     (or run directory) to go on from (:mod:`agentrl.engine.run_start`)."""
 
-    def __init__(self, recipe: Recipe, *, hooks: Sequence[LoopHook] = (), fresh: bool = False, resume_from: str | Path | None = None) -> None:
-        self.recipe = recipe
+    def __init__(
+        self, recipe: Recipe, *, hooks: Sequence[LoopHook] = (), fresh: bool = False, resume_from: str | Path | None = None,
+        assembly: Assembly | None = None,
+    ) -> None:
+        """``assembly``: what builds the run's parts (None: :meth:`Assembly.from_recipe` of ``recipe``)."""
+        self.parts = assembly if assembly is not None else Assembly.from_recipe(recipe)
         self.fresh = fresh
         self.resume_from = resume_from
-        self.run_dir = RunDir(recipe.resolved_run_dir())
         self.hooks = list(hooks)
         self.rewards = RewardActors()
         """A separate judge's generators and the reward model (``[reward]``), once started."""
         self.reward_slots: dict[str, Any] = {}
         """The same, replaceable in-run (:func:`~agentrl.engine.rewards.reward_actors.reward_actor_slots`), by scorer name."""
-        self.placement: Any = None
+
+    @property
+    def recipe(self) -> Recipe:
+        """The recipe in force (``model.dtype`` and ``[placement]`` resolved once known)."""
+        return self.parts.recipe
+
+    @recipe.setter
+    def recipe(self, recipe: Recipe) -> None:
+        self.parts.recipe = recipe
+
+    @property
+    def run_dir(self) -> RunDir:
+        return self.parts.run_dir
+
+    @property
+    def placement(self) -> Any:
         """The run's :class:`~agentrl.placement_plan.PlacementPlan`, once Ray is up."""
-        self._shared: Any = None
-        """Colocated on GPUs: the reservation learner ranks and generators share (see :meth:`_shared_placement`)."""
+        return self.parts.placement
 
     def run(self) -> RunSummary:
         """Run the recipe to the end and return its summary."""
@@ -94,7 +113,7 @@ class Controller:
         start = plan_start(rd, fresh=self.fresh, resume_from=self.resume_from, resume=r.checkpoint.resume, model_path=r.model.path) if training else None
         rd.root.mkdir(parents=True, exist_ok=True)
         rd.recipe.write_text(json.dumps(r.model_dump(mode="json"), indent=2))
-        log = MetricsLogger(rd.root, max_steps=r.learner.max_steps, sinks=self._metric_sinks())
+        log = MetricsLogger(rd.root, max_steps=r.learner.max_steps, sinks=self.parts.metric_sinks())
         if start is not None and start.message:
             log.event(start.message)
         log.where_to_look()  # the commands that show the run: TensorBoard's and agentrl report's
@@ -103,8 +122,8 @@ class Controller:
         model = prepare_model(r, rows, log)
         started_ray = start_ray(wiring.ray_init_kwargs(r))
         r = self._place(log)
-        learners = self._learner_group()
-        critic = self._critic_group() if r.algo.advantage == "gae" and r.mode in ("async", "sync") else None
+        learners = self.parts.learner_group()
+        critic = self.parts.critic_group()
         fleet: GeneratorFleet | None = None
         ray_errors = RayErrorRoute(self._ray_error_sink())  # Ray's '(raylet) A worker died...' paragraphs: to the logs
         try:
@@ -119,8 +138,8 @@ class Controller:
             adapters = r.lora is not None  # versions are adapters over the starting model
             if ckpt is not None and not adapters:
                 model = str(ckpt / "weights")
-            fleet = self._fleet(model, tokenizer, log)
-            publisher = self._publisher(fleet, learners, log)
+            generation = self.parts.generation(model, tokenizer, learners, log)
+            fleet, publisher = generation.fleet, generation.publisher
             version = state.version if state is not None else 0
             await self._start_actors(fleet, learners if r.mode != "eval" else None, model, tokenizer, 0 if adapters else version, log, critic)
             if ckpt is not None:
@@ -130,7 +149,7 @@ class Controller:
                 if adapters:
                     await fleet.load(version, rd.weights_version(version))
             await publisher.connect()
-            evaluator = self._evaluator(fleet, log, state)
+            evaluator = self.parts.evaluator(lambda: fleet.workers, log, state)
             if evaluator is not None and state is None:
                 await evaluator(0)
             if r.mode == "eval":
@@ -153,8 +172,7 @@ class Controller:
             await learners.stop()
             if critic is not None:
                 await critic.stop()
-            if self._shared is not None:
-                self._shared.close()
+            self.parts.close()
             log.close()
             ray_errors.remove()
             if started_ray:
@@ -197,7 +215,7 @@ class Controller:
         shape = ClusterShape.from_ray_nodes(cluster_nodes(), gpu_memory_gib=local.gpu_memory_gib)
         if shape.nodes == 1 and r.ray.address is None:  # our own local cluster: its real cores, not Ray's logical CPUs
             shape = ClusterShape(local.cpus, shape.gpus, local.gpu_memory_gib)
-        self.placement = plan = plan_placement(r, shape)
+        self.parts.placement = plan = plan_placement(r, shape)
         self.recipe = r = apply_placement(r, plan)
         self.run_dir.recipe.write_text(json.dumps(r.model_dump(mode="json"), indent=2))
         first, *rest = plan.lines()
@@ -236,8 +254,6 @@ class Controller:
         """Start the generators (serving ``model`` as ``version``), (unless None) the learner
         ranks and the critic's together, then the rollout workers; a worker that cannot start (bad env,
         tokenizer, sandbox) is a clear error now, not a stream of lost groups later."""
-        from agentrl.engine.episodes.rollout import RolloutWorker
-
         r = self.recipe
         learner_kwargs = wiring.learner_kwargs(r, model=model, tokenizer=tokenizer, run_dir=self.run_dir.root)
         from agentrl.engine.ready_lines import clocked, critic_line, generators_line, learner_line
@@ -255,7 +271,6 @@ class Controller:
             log.event(learner_line(learner_info, learner_s), learners=learner_info)
         if critic is not None:
             log.event(critic_line(critic_info, critic_s), critics=critic_info)
-        kwargs = wiring.worker_kwargs(r, tokenizer=tokenizer, run_dir=self.run_dir.root)
         judge_specs, rm_spec = wiring.judge_actors(r, self.run_dir.logs), wiring.reward_model_actor(r, self.run_dir.logs)
         self.rewards = await start_reward_actors(judge_specs, rm_spec, startup_timeout_s=r.generator.startup_timeout_s, log=log)
         self.reward_slots = reward_actor_slots(  # a dead judge generator or reward model is replaced in-run
@@ -268,8 +283,8 @@ class Controller:
         async def start_worker(i: int) -> Any:
             """Rollout worker ``i`` (the fleet's current generators), once it answers; a
             replacement (:mod:`agentrl.engine.loop.rollout_failover`) is started the same way."""
-            worker = new_actor(RolloutWorker, {"num_cpus": r.rollout.num_cpus, "runtime_env": wiring.actor_runtime_env(self.run_dir.logs, f"rollout-{i}", r.rollout.cpu_affinity)},
-                               generators=fleet.generators, **kwargs, **self.rewards.worker_kwargs())  # the reward actors of now
+            worker = self.parts.rollout_worker(i, generators=fleet.generators, tokenizer=tokenizer,
+                                               reward_actors=self.rewards.worker_kwargs())  # the reward actors of now
             self._worker_pids[i] = await worker.process_id.remote()
             return worker
 
@@ -283,7 +298,8 @@ class Controller:
                 await asyncio.to_thread(remove_containers_of, pid)
 
         self._start_worker, self._teardown_worker = start_worker, teardown_worker
-        fleet.workers = list(await timed(asyncio.gather(*[start_worker(i) for i in range(r.rollout.num_workers)]), 300, "rollout worker start-up"))
+        started = await timed(asyncio.gather(*[start_worker(i) for i in range(r.rollout.num_workers)]), 300, "rollout worker start-up")
+        fleet.workers.extend(started)  # the run's worker list, the one the fleet was built with
 
     async def _rl(
         self, rows: list[dict[str, Any]], fleet: GeneratorFleet, publisher: WeightPublisher, learners: LearnerGroup,
@@ -329,115 +345,3 @@ class Controller:
     def _summarise(self, summary: RunSummary, evals: list[dict[str, Any]]) -> RunSummary:
         write_summary(self.run_dir.summary, summary, evals)
         return summary
-
-    # ------------------------------------------------------------------ the parts
-    def _learner_group(self) -> LearnerGroup:
-        from agentrl.engine.training.learner import Learner
-
-        lcfg = self.recipe.learner
-        return self._rank_group(Learner, "learner", lcfg.num_ranks, lcfg.num_cpus, lcfg.num_gpus, lcfg.resources,
-                                lcfg.cpu_affinity, lcfg.timeout_s, shared=self._shared_placement())
-
-    def _critic_group(self) -> LearnerGroup:
-        """PPO's critic ranks: their own torch.distributed group and placement."""
-        from agentrl.engine.training.critic import Critic
-
-        c = self.recipe.critic_settings
-        return self._rank_group(Critic, "critic", c.num_ranks, c.num_cpus, c.num_gpus, {}, c.cpu_affinity, c.timeout_s)
-
-    def _rank_group(
-        self, cls: type, name: str, num_ranks: int, num_cpus: float, num_gpus: float, resources: dict[str, float],
-        cpus: list[int] | None, timeout_s: float, shared: Any = None,
-    ) -> LearnerGroup:
-        """A group of ``cls`` ranks (``<name>-<rank>`` logs), reserved together as one placement group
-        (``shared``: the reservation they share with the generators, colocated on GPUs)."""
-        from agentrl.engine.training.placement import LearnerPlacement, learner_bundles
-
-        logs = self.run_dir.logs
-        wait_s = self.recipe.learner.placement_timeout_s
-        return LearnerGroup(
-            num_ranks=num_ranks,
-            factory=lambda rank, kwargs, options: new_actor(
-                cls, {**options, "runtime_env": wiring.actor_runtime_env(logs, f"{name}-{rank}", cpus)}, **kwargs),
-            placement=(lambda: shared) if shared is not None else (
-                lambda: LearnerPlacement(learner_bundles(num_ranks, num_cpus, num_gpus, resources), wait_s)),
-            timeout_s=timeout_s,
-            placement_timeout_s=wait_s,
-            name=name,
-        )
-
-    def _shared_placement(self) -> Any:
-        """Colocated on GPUs: the one reservation that holds learner rank ``i`` and generator ``i``
-        on GPU ``i`` (made once per run); None otherwise."""
-        from agentrl.engine.training.placement import SharedPlacement
-
-        r = self.recipe
-        if self.placement is None or not (self.placement.colocated and self.placement.on_gpu):
-            return None
-        if self._shared is None:
-            lc, g = r.learner, r.generator
-            self._shared = SharedPlacement(lc.num_ranks, lc.num_cpus + g.num_cpus, lc.resources, lc.placement_timeout_s).with_learner_cpus(lc.num_cpus)
-        return self._shared
-
-    def _fleet(self, model: str, tokenizer: str, log: MetricsLogger) -> GeneratorFleet:
-        r = self.recipe
-        shared = self._shared_placement()
-
-        def factory(settings: Any, version: int, index: int) -> Any:
-            spec = wiring.generator_actor(r, settings, version, index, self.run_dir.logs)
-            options = {**spec.options, **shared.generator_options(index, r.generator.num_cpus)} if shared is not None else spec.options
-            return new_actor(spec.cls, options, *spec.args, **spec.kwargs)
-
-        return GeneratorFleet(
-            factory=factory, settings=wiring.engine_settings(r, model=model, tokenizer=tokenizer), count=wiring.generator_count(r),
-            log=log, timeout_s=r.generator.timeout_s, startup_timeout_s=r.generator.startup_timeout_s,
-        )
-
-    def _publisher(self, fleet: GeneratorFleet, learners: LearnerGroup, log: MetricsLogger) -> WeightPublisher:
-        g = self.recipe.generator
-        return WeightPublisher(
-            fleet=fleet, learners=learners, run_dir=self.run_dir, log=log, weight_sync=g.weight_sync,
-            sync_timeout_s=g.weight_sync_timeout_s, workers_per_generator=g.tensor_parallel_size,
-            dtype=self.recipe.model.dtype, keep_versions=self.recipe.learner.keep_versions,
-        )
-
-    def _evaluator(self, fleet: GeneratorFleet, log: MetricsLogger, state: RunState | None) -> Evaluator | None:
-        """The held-out evaluation (None when the recipe has none)."""
-        from agentrl.envs.data import load_rows
-
-        r = self.recipe
-        e = r.eval
-        if not (e.limit or r.mode == "eval"):
-            return None
-        rows = load_rows(
-            e.source or r.data.source, split=e.split, fields=(e.fields if e.fields is not None else r.data.fields) or None,
-            limit=e.limit or None, seed=r.seed,
-        )
-        if e.limit and len(rows) < e.limit:
-            log.warning(f"eval.limit = {e.limit} but {e.source or r.data.source} [{e.split}] has only {len(rows)} rows: "
-                        f"evaluating on all {len(rows)}")
-        sets: dict[str, list[dict[str, Any]]] = {}
-        for name, s in e.sets.items():
-            fields = s.fields if s.fields is not None else (e.fields if e.fields is not None else r.data.fields)
-            limit = s.limit or e.limit or None
-            sets[name] = load_rows(s.source, split=s.split, fields=fields or None, limit=limit, seed=r.seed)
-            if limit and len(sets[name]) < limit:
-                log.warning(f"eval.sets.{name}: {limit} rows asked but {s.source} [{s.split}] has only {len(sets[name])}: "
-                            f"evaluating on all {len(sets[name])}")
-        return Evaluator(
-            workers=lambda: fleet.workers, rows=rows, temperature=e.temperature, timeout_s=e.timeout_s, log=log,
-            samples_path=self.run_dir.eval_samples, records=list(state.evals) if state is not None else [], samples=e.samples,
-            sets=sets,
-        )
-
-    def _metric_sinks(self) -> list[Any]:
-        """W&B when ``[wandb] project`` is set."""
-        w = self.recipe.wandb
-        if w.project is None:
-            return []
-        from agentrl.engine.metric_sinks import WandbSink
-
-        return [WandbSink(
-            project=w.project, entity=w.entity, name=w.name or self.recipe.name, mode=w.mode, tags=w.tags,
-            directory=self.run_dir.root, config=self.recipe.model_dump(mode="json"),
-        )]

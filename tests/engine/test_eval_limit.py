@@ -8,7 +8,7 @@ import json
 from rich.console import Console
 
 from agentrl.config import validate_recipe
-from agentrl.engine.controller import Controller
+from agentrl.engine.assembly import Assembly
 from agentrl.engine.metrics import MetricsLogger
 
 
@@ -20,7 +20,7 @@ def test_an_eval_limit_above_the_rows_warns(tmp_path):
     for limit, warned in ((10, True), (3, False)):
         recipe = validate_recipe({"model": {"path": str(tmp_path)}, "run_dir": str(tmp_path / "run"),
                                   "eval": {"limit": limit, "source": str(src), "split": "test"}})
-        evaluator = Controller(recipe)._evaluator(fleet=None, log=log, state=None)  # type: ignore[arg-type]
+        evaluator = Assembly.from_recipe(recipe).evaluator(lambda: [], log=log, state=None)
         assert evaluator is not None and len(evaluator.rows) == 3
         said = f"eval.limit = {limit} but {src} [test] has only 3 rows: evaluating on all 3" in out.getvalue()
         assert said == warned, out.getvalue()

@@ -3,8 +3,8 @@ replaced by one serving the newest weights), loading weight versions into them i
 background, and their busy accounting.
 
 How versions are *made* (broadcast, written to disk) is the publisher's job
-(:mod:`agentrl.engine.loop.publishing`); the fleet asks it through :class:`WeightSource` when a
-replacement needs a version written.
+(:mod:`agentrl.engine.loop.publishing`); the fleet asks the run's weight versions, given to it
+when it is built, through :class:`WeightSource` when a replacement needs a version written.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ GeneratorFactory = Callable[[EngineSettings, int, int], Any]
 
 
 class WeightSource(Protocol):
-    """What the fleet needs from the publisher when it replaces a generator."""
+    """What the fleet needs to know of the weight versions when it replaces a generator."""
 
     def transfer_lost(self, reason: str) -> None:
         """A generator left the weight-transfer group: versions go through disk from now on."""
@@ -55,12 +55,16 @@ class GeneratorFleet:
 
     ``settings``: the engine settings new generators start from (their ``model`` is replaced by
     the newest weights folder on a replacement); ``timeout_s``: the longest wait for one call
-    into a generator; ``startup_timeout_s``: for a start.
+    into a generator; ``startup_timeout_s``: for a start; ``weights``: where a replacement's
+    weights come from (the run's :class:`~agentrl.engine.loop.publishing.WeightVersions`; None:
+    replacements start from the initial model); ``workers``: the run's rollout workers, told
+    about replacements (the run's own list, filled once they started and kept up to date by their
+    failover; None: an empty one).
     """
 
     def __init__(
         self, *, factory: GeneratorFactory, settings: EngineSettings, count: int, log: EventLog,
-        timeout_s: float, startup_timeout_s: float,
+        timeout_s: float, startup_timeout_s: float, weights: WeightSource | None = None, workers: list[Any] | None = None,
     ) -> None:
         self.factory = factory
         self.settings = settings
@@ -69,10 +73,10 @@ class GeneratorFleet:
         self.timeout_s = timeout_s
         self.startup_timeout_s = startup_timeout_s
         self.generators: list[Any] = []
-        self.workers: list[Any] = []
-        """Rollout workers told about replacements (set once they exist)."""
-        self.weights: WeightSource | None = None
-        """The publisher (set once it exists); None: replacements start from the initial model."""
+        self.workers: list[Any] = workers if workers is not None else []
+        """Rollout workers told about replacements (the run's list: filled once they exist)."""
+        self.weights = weights
+        """Where replacements' weights come from; None: replacements start from the initial model."""
         self.published_version = 0
         """Newest weight version the generators were given (replacements load the newest one
         written to disk)."""

@@ -18,7 +18,51 @@ from agentrl.engine.training.learner_group import LearnerGroup
 from agentrl.engine.common.run_dir import RunDir
 from agentrl.errors import AgentRLError, LearnerDied
 
-__all__ = ["WeightPublisher"]
+__all__ = ["WeightPublisher", "WeightVersions"]
+
+
+class WeightVersions:
+    """The run's weight versions as the generators get them: over the transfer group or from
+    disk, and the folder of a version. It is the fleet's
+    :class:`~agentrl.engine.generation.fleet.WeightSource` (a replacement generator loads the
+    newest written version) and the publisher's record of whether the transfer group is active;
+    built before both, so neither is wired to the other after construction.
+
+    ``learners``: the learner group that writes a version on demand; ``weight_sync``:
+    ``"disk"``, ``"nccl"`` or ``"gloo"``; ``log``: where a lost transfer group is said."""
+
+    def __init__(self, *, learners: LearnerGroup, run_dir: RunDir, log: EventLog, weight_sync: str) -> None:
+        self.learners = learners
+        self.run_dir = run_dir
+        self.log = log
+        self.weight_sync = weight_sync
+        self.transfer_active = False
+        """Versions go to the generators over the transfer group (else through disk)."""
+
+    def transfer_lost(self, reason: str) -> None:
+        """The transfer group lost a member (``reason``): versions go through disk from now on."""
+        if self.transfer_active:
+            self.transfer_active = False
+            self.log.event(f"weight sync over {self.weight_sync} ended ({reason}); versions go through disk from now on", weight_sync_fallbacks=1)
+
+    async def written_version(self, version: int) -> tuple[int, Path | None]:
+        """The newest version ``<= version`` with a folder on disk: ``(version, folder)``, or
+        ``(0, None)``. When versions were broadcast (none written up to ``version``), the
+        learner writes its current one now."""
+        on_disk, folder = self.run_dir.newest_on_disk(version)
+        if on_disk < version and self.learners and self.weight_sync != "disk":
+            (written, *_) = await self.learners.call(
+                "publish_version", str(self.run_dir.weights), what="publishing the current version for a replaced generator"
+            )
+            return written, self.run_dir.weights_version(written)
+        return on_disk, folder
+
+    async def folder_of(self, version: int) -> Path:
+        """The folder of ``version``; the learner writes it now when it was only broadcast."""
+        folder = self.run_dir.weights_version(version)
+        if not folder.exists():
+            await self.learners.call("publish", str(folder), serving_dtype=True, what=f"publishing version {version}")
+        return folder
 
 
 class WeightPublisher:
@@ -29,12 +73,13 @@ class WeightPublisher:
     for a whole broadcast is :func:`~agentrl.engine.generation.weight_transfer.send_wait_s` of
     it, longer than the learner's own watchdog); ``workers_per_generator``: transfer ranks per
     generator (its tensor parallelism); ``dtype``: the generators' parameter dtype;
-    ``keep_versions``: version folders kept on disk.
+    ``keep_versions``: version folders kept on disk; ``versions``: the run's
+    :class:`WeightVersions`, the one the fleet was given (None: one of the publisher's own).
     """
 
     def __init__(
         self, *, fleet: GeneratorFleet, learners: LearnerGroup, run_dir: RunDir, log: EventLog, weight_sync: str,
-        sync_timeout_s: float, workers_per_generator: int, dtype: str, keep_versions: int,
+        sync_timeout_s: float, workers_per_generator: int, dtype: str, keep_versions: int, versions: WeightVersions | None = None,
     ) -> None:
         self.fleet = fleet
         self.learners = learners
@@ -45,9 +90,16 @@ class WeightPublisher:
         self.workers_per_generator = workers_per_generator
         self.dtype = dtype
         self.keep_versions = keep_versions
-        self.transfer_active = False
+        self.versions = versions if versions is not None else WeightVersions(learners=learners, run_dir=run_dir, log=log, weight_sync=weight_sync)
+
+    @property
+    def transfer_active(self) -> bool:
         """Versions go to the generators over the transfer group (else through disk)."""
-        fleet.weights = self
+        return self.versions.transfer_active
+
+    @transfer_active.setter
+    def transfer_active(self, active: bool) -> None:
+        self.versions.transfer_active = active
 
     # ------------------------------------------------------------------ the transfer group
     async def connect(self) -> None:
@@ -73,9 +125,7 @@ class WeightPublisher:
 
     def transfer_lost(self, reason: str) -> None:
         """The transfer group lost a member (``reason``): versions go through disk from now on."""
-        if self.transfer_active:
-            self.transfer_active = False
-            self.log.event(f"weight sync over {self.weight_sync} ended ({reason}); versions go through disk from now on", weight_sync_fallbacks=1)
+        self.versions.transfer_lost(reason)
 
     # ------------------------------------------------------------------ publishing
     async def publish(self, version: int) -> list[float]:
@@ -110,25 +160,6 @@ class WeightPublisher:
         self.fleet.start_load(version, folder)
         await asyncio.to_thread(self.prune, version)
         return stalls
-
-    async def written_version(self, version: int) -> tuple[int, Path | None]:
-        """The newest version ``<= version`` with a folder on disk: ``(version, folder)``, or
-        ``(0, None)``. When versions were broadcast (none written up to ``version``), the
-        learner writes its current one now."""
-        on_disk, folder = self.run_dir.newest_on_disk(version)
-        if on_disk < version and self.learners and self.weight_sync != "disk":
-            (written, *_) = await self.learners.call(
-                "publish_version", str(self.run_dir.weights), what="publishing the current version for a replaced generator"
-            )
-            return written, self.run_dir.weights_version(written)
-        return on_disk, folder
-
-    async def folder_of(self, version: int) -> Path:
-        """The folder of ``version``; the learner writes it now when it was only broadcast."""
-        folder = self.run_dir.weights_version(version)
-        if not folder.exists():
-            await self.learners.call("publish", str(folder), serving_dtype=True, what=f"publishing version {version}")
-        return folder
 
     def prune(self, newest: int) -> None:
         """Delete version folders older than the newest ``keep_versions``."""
