@@ -24,10 +24,10 @@ from agentrl.engine.loop.run_state import RunState
 from agentrl.engine.metrics import MetricsLogger
 from agentrl.engine.training.learner_group import LearnerGroup
 
-__all__ = ["Assembly", "Generation"]
+__all__ = ["Assembly", "GenerationParts"]
 
 
-class Generation:
+class GenerationParts:
     """The generation side of a run, built together: the :class:`WeightVersions`, the fleet that
     replaces generators from them, the publisher that makes new versions, and the run's rollout
     workers (``workers``: the fleet's own list, empty until they start)."""
@@ -115,7 +115,7 @@ class Assembly:
             self._shared = SharedPlacement(lc.num_ranks, lc.num_cpus + g.num_cpus, lc.resources, lc.placement_timeout_s).with_learner_cpus(lc.num_cpus)
         return self._shared
 
-    def generation(self, model: str, tokenizer: str, learners: LearnerGroup, log: MetricsLogger) -> Generation:
+    def generation(self, model: str, tokenizer: str, learners: LearnerGroup, log: MetricsLogger) -> GenerationParts:
         """The generators serving ``model`` (tokenizer ``tokenizer``; not yet started), their
         weight versions (written by ``learners``) and publisher, and the run's worker list."""
         r = self.recipe
@@ -138,7 +138,7 @@ class Assembly:
             sync_timeout_s=g.weight_sync_timeout_s, workers_per_generator=g.tensor_parallel_size,
             dtype=r.model.dtype, keep_versions=r.learner.keep_versions, versions=versions,
         )
-        return Generation(versions, fleet, publisher, workers)
+        return GenerationParts(versions, fleet, publisher, workers)
 
     def rollout_worker(self, index: int, *, generators: list[Any], tokenizer: str, reward_actors: dict[str, Any]) -> Any:
         """Rollout worker ``index`` (a Ray actor, ``rollout-<index>`` logs) on ``generators``,
