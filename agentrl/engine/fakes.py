@@ -289,7 +289,25 @@ class FakeWorker:
         return None
 
 
-class FakeLearner:
+class _StepCheckpoints:
+    """What the fake ranks share: a checkpoint holds the step (written by rank 0); shutting down does nothing."""
+
+    rank: int
+    step: int
+
+    def save_checkpoint(self, folder: str) -> None:
+        if self.rank == 0:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            (Path(folder) / "trainer_state.json").write_text(json.dumps({"step": self.step}))
+
+    def load_checkpoint(self, folder: str) -> None:
+        self.step = json.loads((Path(folder) / "trainer_state.json").read_text())["step"]
+
+    def shutdown(self) -> None:
+        return None
+
+
+class FakeLearner(_StepCheckpoints):
     """A learner rank that trains nothing but records it.
 
     ``trained`` (shared between the ranks and restarts a test creates) receives one entry per
@@ -336,13 +354,6 @@ class FakeLearner:
         self.publish(str(version_folder(weights_dir, self.step)))
         return self.step
 
-    def save_checkpoint(self, folder: str) -> None:
-        if self.rank == 0:
-            Path(folder).mkdir(parents=True, exist_ok=True)
-            (Path(folder) / "trainer_state.json").write_text(json.dumps({"step": self.step}))
-
-    def load_checkpoint(self, folder: str) -> None:
-        self.step = json.loads((Path(folder) / "trainer_state.json").read_text())["step"]
 
     def weight_transfer_endpoint(self) -> tuple[str, int]:
         return "127.0.0.1", 0
@@ -350,11 +361,8 @@ class FakeLearner:
     def connect_weight_transfer(self, *args: Any) -> None:
         raise RuntimeError("the fake learner has no weight-transfer group")
 
-    def shutdown(self) -> None:
-        return None
 
-
-class FakeCritic:
+class FakeCritic(_StepCheckpoints):
     """A critic rank that values every action token at ``value`` and records what it trained on.
 
     ``seen`` (shared like :class:`FakeLearner`'s ``trained``) receives, per training step on rank
@@ -378,13 +386,3 @@ class FakeCritic:
             self.seen.append((self.step, [s["id"] for s in samples], returns))
         return {"value_loss": 0.0, "value_mse": 0.0, "value_tokens": float(sum(sum(s["loss_mask"]) for s in samples))}
 
-    def save_checkpoint(self, folder: str) -> None:
-        if self.rank == 0:
-            Path(folder).mkdir(parents=True, exist_ok=True)
-            (Path(folder) / "trainer_state.json").write_text(json.dumps({"step": self.step}))
-
-    def load_checkpoint(self, folder: str) -> None:
-        self.step = json.loads((Path(folder) / "trainer_state.json").read_text())["step"]
-
-    def shutdown(self) -> None:
-        return None

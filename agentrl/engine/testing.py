@@ -29,25 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.engine.common.cluster import kill
+from agentrl.engine import fakes
 from agentrl.engine.fakes import FakeActorDied, LocalActor, FakeGenerator, ScriptedGenerator, FakeTokenizer, FakeRewardModel, FakeWorker, FakeLearner, FakeCritic, local_actor
 
-__all__ = [
-    "FakeActorDied",
-    "FakeCritic",
-    "FakeGenerator",
-    "FakeLearner",
-    "FakeRewardModel",
-    "FakeTokenizer",
-    "FakeRun",
-    "FakeWorker",
-    "KillGenerator",
-    "KillLearner",
-    "KillRewardActor",
-    "KillWorker",
-    "LocalActor",
-    "local_actor",
-    "ScriptedGenerator",
-]
+__all__ = [*fakes.__all__, "FakeRun", "KillGenerator", "KillLearner", "KillRewardActor", "KillWorker"]
 
 
 class KillGenerator:

@@ -74,6 +74,7 @@ class Critic(FsdpRank):
     """One critic rank: an :class:`~agentrl.engine.training.fsdp_rank.FsdpRank` that trains the value
     model. Call ``setup()`` on every rank before anything else.
 
+    Its keywords beside its own are :class:`~agentrl.engine.training.fsdp_rank.FsdpRank`'s (``rank_args``):
     ``model``: the folder or hub id whose trunk becomes the value model; ``lr``, ``betas``,
     ``weight_decay``, ``grad_clip``: AdamW and gradient clipping of the critic; ``value_clip``:
     :func:`~agentrl.algos.value_loss.clipped_value_loss`'s clip (None: plain squared error);
@@ -89,31 +90,14 @@ class Critic(FsdpRank):
     def __init__(
         self,
         *,
-        rank: int,
-        world_size: int,
-        master_addr: str,
-        master_port: int,
-        model: str,
-        lr: float = 1e-5,
-        betas: tuple[float, float] = (0.9, 0.999),
-        weight_decay: float = 0.0,
-        grad_clip: float = 1.0,
         value_clip: float | None = 0.2,
-        updates_per_batch: int = 1,
-        micro_batch_tokens: int = 8192,
-        torch_threads: int = 1,
-        timeout_s: float = 900.0,
-        seed: int = 0,
         dtype: str = "float32",
         activation_checkpointing: bool = False,
+        **rank_args: Any,
     ) -> None:
         if value_clip is not None and value_clip <= 0:
             raise ConfigError(f"critic: value_clip must be > 0 or None, got {value_clip}")
-        super().__init__(
-            rank=rank, world_size=world_size, master_addr=master_addr, master_port=master_port, model=model,
-            lr=lr, betas=betas, weight_decay=weight_decay, grad_clip=grad_clip, updates_per_batch=updates_per_batch,
-            micro_batch_tokens=micro_batch_tokens, torch_threads=torch_threads, timeout_s=timeout_s, seed=seed,
-        )
+        super().__init__(**rank_args)
         self.value_clip = value_clip
         self.dtype = getattr(torch, dtype)
         self.activation_checkpointing = activation_checkpointing

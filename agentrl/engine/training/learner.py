@@ -142,40 +142,30 @@ class Learner(FsdpRank):
     def __init__(
         self,
         *,
-        rank: int,
-        world_size: int,
-        master_addr: str,
-        master_port: int,
-        model: str,
         dtype: str = "float32",
-        lr: float = 1e-5,
-        betas: tuple[float, float] = (0.9, 0.999),
-        weight_decay: float = 0.0,
-        adam_eps: float = 1e-8,
-        grad_clip: float = 1.0,
         warmup_steps: int = 0,
         lr_schedule: str = "constant",
         total_steps: int | None = None,
         min_lr_ratio: float = 0.0,
-        micro_batch_tokens: int = 8192,
         logprob_chunk_tokens: int = 1024,
         activation_checkpointing: bool = False,
         compute_entropy: bool = True,
         clip_low: float = 0.2,
         clip_high: float = 0.28,
         objective: ObjectiveSettings | None = None,
-        updates_per_batch: int = 1,
         proximal: str = "auto",
         reference_model: str | None = None,
         tokenizer: str | None = None,
-        torch_threads: int = 1,
-        timeout_s: float = 900.0,
-        seed: int = 0,
         audit_path: str | None = None,
         temperature: float = 1.0,
         lora: dict[str, Any] | None = None,
+        **rank_args: Any,
     ) -> None:
-        """``objective`` defaults to :class:`ObjectiveSettings` with ``clip_low``/``clip_high``.
+        """``rank_args``: the arguments every rank takes (``rank``, ``world_size``, ``master_addr``,
+        ``master_port``, ``model``, ``lr``, ``betas``, ``weight_decay``, ``adam_eps``, ``grad_clip``,
+        ``updates_per_batch``, ``micro_batch_tokens``, ``torch_threads``, ``timeout_s``, ``seed``:
+        see :class:`~agentrl.engine.training.fsdp_rank.FsdpRank`).
+        ``objective`` defaults to :class:`ObjectiveSettings` with ``clip_low``/``clip_high``.
         ``total_steps`` counts optimizer updates (``max_steps * updates_per_batch``).
         ``proximal``: ``auto`` recomputes the proximal log-probs exactly when a batch gets more
         than one update (with one update they equal the current log-probs, for free),
@@ -199,14 +189,9 @@ class Learner(FsdpRank):
             raise ConfigError(f"learner: proximal must be auto, recompute or detached, got {proximal!r}")
         if not temperature > 0:
             raise ConfigError(f"learner: temperature must be positive (the rollout's sampling temperature), got {temperature}")
-        if updates_per_batch < 1 or micro_batch_tokens < 1 or logprob_chunk_tokens < 1:
+        if rank_args.get("updates_per_batch", 1) < 1 or rank_args.get("micro_batch_tokens", 1) < 1 or logprob_chunk_tokens < 1:
             raise ConfigError("learner: updates_per_batch, micro_batch_tokens and logprob_chunk_tokens must be >= 1")
-        super().__init__(
-            rank=rank, world_size=world_size, master_addr=master_addr, master_port=master_port, model=model,
-            lr=lr, betas=betas, weight_decay=weight_decay, adam_eps=adam_eps, grad_clip=grad_clip,
-            updates_per_batch=updates_per_batch, micro_batch_tokens=micro_batch_tokens,
-            torch_threads=torch_threads, timeout_s=timeout_s, seed=seed,
-        )
+        super().__init__(**rank_args)
         self.dtype = getattr(torch, dtype)
         self.schedule = functools.partial(
             lr_multiplier, warmup_steps=warmup_steps, total_steps=total_steps, schedule=lr_schedule, min_lr_ratio=min_lr_ratio
@@ -214,10 +199,10 @@ class Learner(FsdpRank):
         self.chunk_tokens = logprob_chunk_tokens
         self.activation_checkpointing, self.compute_entropy = activation_checkpointing, compute_entropy
         self.objective = objective if objective is not None else ObjectiveSettings(clip_low=clip_low, clip_high=clip_high)
-        self.recompute_proximal = proximal == "recompute" or (proximal == "auto" and updates_per_batch > 1)
-        self.reference_name = reference_model or model
-        self.tokenizer_name = tokenizer or model
-        self.audit = AuditLog(audit_path, fsync=True) if audit_path and rank == 0 else None
+        self.recompute_proximal = proximal == "recompute" or (proximal == "auto" and self.updates_per_batch > 1)
+        self.reference_name = reference_model or self.model_name
+        self.tokenizer_name = tokenizer or self.model_name
+        self.audit = AuditLog(audit_path, fsync=True) if audit_path and self.rank == 0 else None
         self.sender: WeightSender | None = None
         """This rank's side of the weight-transfer group, once connected."""
         self.temperature = temperature
