@@ -79,3 +79,47 @@ def require_mark(mark: str, what: str) -> None:
     if item is not None and item.get_closest_marker(mark) is None:
         pytest.fail(f"{item.nodeid} {what} but is not marked pytest.mark.{mark}: mark it, so that "
                     f"the quick tier (./scripts/test.sh --quick) leaves it out")
+
+
+# --- one plain local Ray ------------------------------------------------------------------------
+# Starting a local Ray costs 5-7 s here. Tests that need nothing but a plain one ask for
+# `ray_local` and share it; tests that start their own Ray or cluster (or run code that does)
+# carry the mark ray, e2e or vllm without asking for it, and the shared one is shut down before
+# each of them, then started again by the next test that asks.
+_shared_ray: dict[str, bool] = {"up": False}
+
+
+def _stop_shared_ray() -> None:
+    if _shared_ray["up"]:
+        import ray
+
+        ray.shutdown()
+        _shared_ray["up"] = False
+
+
+@pytest.fixture(scope="session")
+def _shared_ray_session() -> Iterator[None]:
+    yield
+    _stop_shared_ray()
+
+
+@pytest.fixture
+def ray_local(_shared_ray_session: None) -> Any:
+    """The ``ray`` module, connected to the session's plain local Ray: 2 CPUs, no GPUs, no
+    dashboard, workers' output not sent to the driver. Started by the first test that asks (again
+    if something shut it down); a Ray this process started otherwise and left running still fails
+    ``ray.init`` here, as it would have. A test on it asks its actors for at most 2 CPUs and drops
+    its handles (so Ray ends the actors): it shares the cluster with the tests before and after it."""
+    import ray
+
+    if not (_shared_ray["up"] and ray.is_initialized()):
+        _shared_ray["up"] = False
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="error")
+        _shared_ray["up"] = True
+    return ray
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _shared_ray["up"] and "ray_local" not in getattr(item, "fixturenames", ()):
+        if any(item.get_closest_marker(m) is not None for m in ("ray", "e2e", "vllm")):
+            _stop_shared_ray()

@@ -9,15 +9,6 @@ from agentrl.engine.common.waits import timed
 from agentrl.errors import LearnerError, TimeoutError_
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(num_cpus=1, include_dashboard=False, logging_level="error")
-    yield ray
-    ray.shutdown()
-
-
 class Slow:
     def __init__(self) -> None:
         self.finished = 0

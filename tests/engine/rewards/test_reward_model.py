@@ -100,7 +100,7 @@ def test_the_scorer_asks_the_server_through_an_actor_handle(tiny_calc_model):
 
 
 @pytest.mark.ray
-def test_the_reward_model_runs_as_a_ray_actor_and_batches_concurrent_episodes(tiny_calc_model, tmp_path):
+def test_the_reward_model_runs_as_a_ray_actor_and_batches_concurrent_episodes(tiny_calc_model, tmp_path, ray_local):
     """The run's path for real: the server started by ``start_reward_actors`` as a Ray actor from
     the recipe's wiring, episodes scored concurrently through its handle, batched in the actor.
 
@@ -120,18 +120,18 @@ def test_the_reward_model_runs_as_a_ray_actor_and_batches_concurrent_episodes(ti
                               "reward": {"model": {"path": str(tiny_calc_model), "weight": 1.0, "max_batch_size": 8, "max_wait_ms": 30_000}}})
     spec = wiring.reward_model_actor(recipe, tmp_path)
     spec.options["num_cpus"] = 0
-    ray.init(num_cpus=1, include_dashboard=False, logging_level="error")
-    try:
-        async def main():
-            actors = await start_reward_actors([], spec, startup_timeout_s=120, log=Log())
-            handle = actors.reward_model
+
+    async def main():
+        actors = await start_reward_actors([], spec, startup_timeout_s=120, log=Log())
+        handle = actors.reward_model
+        try:
             t0 = time.monotonic()
             scores = await asyncio.wait_for(asyncio.gather(*[handle.score.remote([item]) for item in CONVERSATIONS]), 120)
             return [s for (s,) in scores], await handle.stats.remote(), time.monotonic() - t0
+        finally:
+            ray.kill(handle)  # the session's local Ray (tests/conftest.py) goes on to the next test
 
-        scores, stats, elapsed = asyncio.run(main())
-    finally:
-        ray.shutdown()
+    scores, stats, elapsed = asyncio.run(main())
     alone = RewardModelServer(str(tiny_calc_model), seed=recipe.seed).score_now(CONVERSATIONS)
     assert scores == pytest.approx(alone, abs=1e-5)
     # the 8 concurrent episodes were scored in one forward pass of 8 items, sent once the batch was

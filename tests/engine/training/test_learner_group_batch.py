@@ -48,17 +48,6 @@ class Generator:
         return "pong"
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
-
-
 @pytest.mark.ray
 def test_a_batch_is_serialised_once_for_every_rank_and_arrives_unchanged(ray_local):
     ray = ray_local
