@@ -284,19 +284,31 @@ def import_model(source: str, out_dir: str | Path, *, dtype: str = "float32", ov
 
 
 @contextlib.contextmanager
-def _name_maps_cached() -> Iterator[None]:
-    """Within the block, ``gguf.get_tensor_name_map(arch, n_blocks)`` returns one map per
-    arguments: transformers' GGUF loader asks for it again for every submodule of the model (397
-    times for SmolLM2, each a fresh table of every tensor name of every architecture). The map is
-    a pure function of its arguments; the original is put back after the block."""
+def _gguf_read_once() -> Iterator[None]:
+    """Within the block, transformers' GGUF loader parses a file once and builds gguf's tensor-name
+    map once, where it would do both again and again: the config, the tokenizer and the weights
+    each construct a ``gguf.GGUFReader`` of the whole file (seconds each for a 49k-token
+    vocabulary), and ``get_tensor_name_map(arch, n_blocks)`` is asked for again for every
+    submodule of the model (397 times for SmolLM2, each a fresh table of every architecture's
+    names). Both are pure functions of their arguments over a file opened read-only, so the block
+    hands out one result per arguments; the originals are put back after it."""
     import gguf
 
-    original = gguf.get_tensor_name_map
-    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(original)
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple[str, str], Any] = {}
+
+    def read_once(path: Any, mode: str = "r") -> Any:
+        key = (str(path), mode)
+        if key not in readers:
+            readers[key] = reader(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = read_once
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
     try:
         yield
     finally:
-        gguf.get_tensor_name_map = original
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
 
 
 def _convert(source: str, path: Path, arch: str, out: Path, torch_dtype: Any, dtype: str) -> Path:
@@ -306,7 +318,7 @@ def _convert(source: str, path: Path, arch: str, out: Path, torch_dtype: Any, dt
 
     t0 = time.monotonic()
     try:
-        with _name_maps_cached():
+        with _gguf_read_once():
             config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
             tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, config=config)
             loaded = AutoModelForCausalLM.from_pretrained(
