@@ -261,16 +261,17 @@ def import_model(source: str, out_dir: str | Path, *, dtype: str = "float32", ov
     Raises ModelError when ``out_dir`` already holds files (unless ``overwrite``), or when the
     source is missing, corrupt or of an architecture transformers cannot load from GGUF.
     """
-    import torch
-
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dtype not in dtypes:
-        raise ModelError(f"cannot import {source!r}: dtype {dtype!r} is not one of {', '.join(dtypes)}")
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ModelError(f"cannot import {source!r}: dtype {dtype!r} is not one of float32, bfloat16, float16")
     out = Path(out_dir).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ModelError(f"cannot import {source!r} to {out}: it already exists and is not empty (use --overwrite)")
-    path = locate_gguf(source)
+    path = locate_gguf(source)  # a wrong source is said before torch is imported (seconds)
     arch = _check_architecture(path, source)
+
+    import torch
+
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
     from transformers.utils import logging as hf_logging
 
