@@ -25,10 +25,10 @@ from agentrl.sandbox._limits import Limits
 #: (:mod:`agentrl.sandbox.guest`).
 GUEST_DIR = Path(__file__).parent / "guest"
 #: The parts of the guest program, in the order they are joined (each needs only those before it).
-GUEST_PARTS = ("wire", "limits", "execution", "oneshot", "warm", "docker_runner")
+GUEST_PARTS = ("wire", "limits", "execution", "oneshot", "trees", "warm", "docker_runner")
 #: Each mode's parts of the guest program and its entry function (called with the config).
 MODES: dict[str, tuple[tuple[str, ...], str]] = {
-    "server": (("wire", "limits", "execution", "warm"), "server_main"),
+    "server": (("wire", "limits", "execution", "trees", "warm"), "server_main"),
     "runner": (("wire", "limits", "execution", "docker_runner"), "runner_main"),
     "reaper": (("wire", "limits", "execution", "docker_runner"), "reaper_main"),
     "session": (("wire", "limits", "execution"), "session_main"),

@@ -61,6 +61,14 @@ no permitted, effective or ambient capabilities, and ``no_new_privs``. (``bwrap 
 Not root: plain ``bwrap --unshare-all --uid 65534`` per execution, where the host uid is the
 caller's and ``RLIMIT_NPROC`` applies normally; warm workers and sessions need root (see
 :class:`BubblewrapSandbox`).
+
+Why one module of this size: it is one backend, the bubblewrap half of the threat model, and its
+docstring above is that half's design. What could stand apart already does (the guest runtime in
+:mod:`agentrl.sandbox.guest`, the warm workers in :mod:`agentrl.sandbox._warm`, trees in
+:mod:`agentrl.sandbox._tree`, cgroups, seccomp, layout, limits, process supervision each in a
+module of its own); what is left is the one command line both modes build, the choice between
+the warm and the per-execution path, and the session over the same container, which are read
+together when the isolation is checked.
 """
 
 from __future__ import annotations

@@ -29,11 +29,17 @@ interpreter is a persistent child of a runner in session mode).
 The engine must be local: containers bind host paths. ``scripts/docker.sh`` installs the Debian
 ``docker.io`` package, starts ``dockerd`` and builds the image (``python -m agentrl.sandbox.docker
 build-image``).
+
+Why one module of this size: it is one backend, the Docker half of the threat model. The image and
+the engine's client are :mod:`agentrl.sandbox._docker_image`, the in-container runner is
+:mod:`agentrl.sandbox.guest.docker_runner`; what is left is the container's locked-down settings,
+the pool, one execution over the runner's connection and the session over one container, which
+share the container's life cycle (created, reused, wiped, removed when broken) and are read
+together when the isolation is checked.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import logging
@@ -41,7 +47,6 @@ import os
 import socket
 import struct
 import sys
-import tarfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,6 +57,7 @@ import anyio.to_thread
 
 from agentrl.errors import ConfigError, SandboxError, SandboxUnavailable
 from agentrl.sandbox._backend import SandboxBase, SessionBase
+from agentrl.sandbox._docker_image import IMAGE_REPOSITORY, docker_client, ensure_image, image_tag
 from agentrl.sandbox._launch import guest_argv
 from agentrl.sandbox._seccomp import docker_profile
 from agentrl.sandbox._layout import (
@@ -72,8 +78,6 @@ __all__ = ["DockerSandbox", "DockerSession", "IMAGE_REPOSITORY", "ensure_image",
 
 log = logging.getLogger(__name__)
 
-#: Repository name of the sandbox image (the tag is a hash of its content).
-IMAGE_REPOSITORY = "agentrl-sandbox"
 #: Label on every container this module creates (value: the creating process id).
 LABEL = "agentrl.sandbox.owner"
 #: Places the runner empties after every execution (as the sandbox uid).
@@ -82,103 +86,6 @@ WIPE_PATHS = ("/tmp", "/dev/shm", "/dev/mqueue")
 _PID_HEADROOM = 16
 #: Extra container memory besides ``memory_mb`` for PID 1 and the runner, MiB.
 _MEMORY_HEADROOM_MB = 256
-
-_UNAVAILABLE_HINT = (
-    "the Docker engine is not reachable{detail}; run `scripts/docker.sh` (installs the Debian "
-    "`docker.io` package if needed, starts `dockerd --storage-driver=vfs` and builds the sandbox "
-    "image), or set DOCKER_HOST, or choose the 'bubblewrap' sandbox"
-)
-
-
-def _docker_client(timeout_s: float = 60.0) -> Any:
-    """A ``docker.DockerClient`` for the local engine (``DOCKER_HOST`` or the default socket).
-
-    Raises:
-        SandboxUnavailable: the ``docker`` package is missing or the engine does not answer.
-    """
-    try:
-        import docker
-    except ImportError as exc:  # pragma: no cover - a dependency of agentrl
-        raise SandboxUnavailable("the `docker` Python package is not installed") from exc
-    try:
-        client = docker.from_env(timeout=int(timeout_s))
-        client.ping()
-    except Exception as exc:  # docker.errors.DockerException, requests errors, OSError
-        raise SandboxUnavailable(_UNAVAILABLE_HINT.format(detail=f" ({exc})")) from exc
-    return client
-
-
-def _host_layout() -> list[tuple[str, str]]:
-    """The host's top-level symlinks the image must copy (e.g. ``/lib -> usr/lib``)."""
-    links = []
-    for path in (*SYSTEM_PATHS, "/sbin"):
-        if os.path.dirname(path) == "/" and os.path.islink(path):
-            links.append((path.lstrip("/"), os.readlink(path)))
-    return links
-
-
-def image_tag() -> str:
-    """The sandbox image's name for this host: ``agentrl-sandbox:<hash of its content>``."""
-    spec = json.dumps({"version": 1, "links": _host_layout(), "uid": SANDBOX_UID})
-    return f"{IMAGE_REPOSITORY}:{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
-
-
-def _image_tarball() -> bytes:
-    """A minimal root filesystem: mount points, ``/etc/passwd``, ``/etc/group``, the host's
-    top-level symlinks. Everything else is bound read-only from the host at run time."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-
-        def add_dir(name: str, mode: int = 0o755) -> None:
-            info = tarfile.TarInfo(name)
-            info.type, info.mode = tarfile.DIRTYPE, mode
-            tar.addfile(info)
-
-        def add_file(name: str, text: str) -> None:
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(info, io.BytesIO(data))
-
-        links = dict(_host_layout())
-        for name in ("etc", "tmp", "proc", "dev", "sys", "opt", "root", "usr"):
-            add_dir(name, 0o1777 if name == "tmp" else 0o755)
-        add_dir("opt/site")
-        for name, target in links.items():
-            info = tarfile.TarInfo(name)
-            info.type, info.linkname = tarfile.SYMTYPE, target
-            tar.addfile(info)
-        uid = SANDBOX_UID
-        add_file("etc/passwd", f"root:x:0:0:root:/root:/bin/false\nsandbox:x:{uid}:{uid}:sandbox:/tmp:/bin/false\n")
-        add_file("etc/group", f"root:x:0:\nsandbox:x:{uid}:\n")
-        add_file("etc/hostname", "sandbox\n")
-    return buf.getvalue()
-
-
-def ensure_image(client: Any | None = None) -> str:
-    """Build the sandbox image from local files if this engine does not have it; return its tag.
-
-    Raises:
-        SandboxUnavailable: the engine is not reachable.
-        SandboxError: the image could not be imported.
-    """
-    client = client or _docker_client()
-    tag = image_tag()
-    try:
-        client.images.get(tag)
-        return tag
-    except Exception as exc:  # docker.errors.ImageNotFound
-        if type(exc).__name__ != "ImageNotFound":
-            raise SandboxError(f"docker sandbox: cannot inspect image {tag}: {exc}") from exc
-    repo, version = tag.split(":")
-    try:
-        client.api.import_image_from_data(_image_tarball(), repository=repo, tag=version)
-        client.images.get(tag)
-    except Exception as exc:
-        raise SandboxError(f"docker sandbox: cannot build image {tag}: {exc}") from exc
-    log.info("docker sandbox: built image %s", tag)
-    return tag
-
 
 @dataclass
 class _Container:
@@ -193,7 +100,7 @@ def remove_containers_of(pid: int) -> int:
     them), e.g. after that process died without closing its sandbox; how many were removed.
     Returns 0 when the engine cannot be reached (then there is nothing this can do)."""
     try:
-        client = _docker_client(timeout_s=30.0)
+        client = docker_client(timeout_s=30.0)
     except SandboxUnavailable:
         return 0
     removed = 0
@@ -275,7 +182,7 @@ class DockerSandbox(SandboxBase):
         self._python, prefixes = resolve_python(python)
         self.site_packages, self._site_inside = site_packages_binds(site_packages, python)
         self._binds = self._build_binds(prefixes)
-        self._client = _docker_client()
+        self._client = docker_client()
         self.image = ensure_image(self._client)
         self._idle: list[_Container] = []
         self._all: set[str] = set()
