@@ -78,6 +78,7 @@ class WarmWorker:
         self.loaded: list[str] = []
         self.dead = False
         self.ready = False
+        self._ready_lock: anyio.Lock | None = None
         self.launched_at = 0.0
 
     def launch(self) -> None:
@@ -160,11 +161,15 @@ class WarmWorker:
         return True
 
     async def wait_ready(self) -> None:
-        """Wait until :meth:`poll_ready` says ready (or raises)."""
-        while not self.poll_ready():
-            assert self.ctl is not None
-            with anyio.move_on_after(0.5):
-                await anyio.wait_readable(self.ctl)
+        """Wait until :meth:`poll_ready` says ready (or raises). Several tasks may wait on one
+        worker: they wait one after the other (two waits on one socket would be refused)."""
+        if self._ready_lock is None:
+            self._ready_lock = anyio.Lock()
+        async with self._ready_lock:
+            while not self.poll_ready():
+                assert self.ctl is not None
+                with anyio.move_on_after(0.5):
+                    await anyio.wait_readable(self.ctl)
 
     def _fail(self, what: str) -> None:
         if self.proc is not None:
@@ -368,16 +373,19 @@ class WarmPool:
         return None
 
     async def wait(self, kind: str) -> WarmWorker:
-        """An idle, ready worker of ``kind``, waiting for one to start if need be."""
-        worker = self.ready(kind)
-        if worker is not None:
-            return worker
-        candidate = next((w for w in self.launching if w.kind == kind), None) or self.launch(kind)
-        await self._await_ready(candidate)
-        idle = self.idle.get(kind, [])
-        if candidate in idle:
-            idle.remove(candidate)
-        return candidate
+        """An idle, ready worker of ``kind``, waiting for one to start if need be. The worker is
+        this caller's alone: when another caller took the one it waited for (two waiting on one
+        launching worker, or :meth:`ready` handing it out once it was up), it waits again."""
+        while True:
+            worker = self.ready(kind)
+            if worker is not None:
+                return worker
+            candidate = next((w for w in self.launching if w.kind == kind), None) or self.launch(kind)
+            await self._await_ready(candidate)
+            idle = self.idle.get(kind, [])
+            if candidate in idle:
+                idle.remove(candidate)
+                return candidate
 
     def launch(self, kind: str, *, track: bool = True) -> WarmWorker:
         """Start a worker of ``kind`` (``track``: the pool polls it until ready; else the caller

@@ -129,3 +129,39 @@ def test_session_output_is_capped_per_cell(sandbox_of: SandboxOf, kind: str) -> 
     big, small = arun(go)
     assert big.ok and big.stdout_truncated and len(big.stdout) == sb.max_output_bytes
     assert small.ok and small.stdout == "z\n" and not small.stdout_truncated
+
+
+def test_sessions_opened_at_once_on_a_fresh_warm_sandbox_all_open() -> None:
+    """Before any worker is up, eight sessions start together on a sandbox of four workers:
+    several wait on the same starting worker, and each gets a worker of its own (two waits on one
+    worker's socket were refused: 'BusyResourceError: Another task is already reading from this
+    resource', an infrastructure failure of an innocent episode)."""
+    import anyio
+
+    from agentrl.sandbox import BubblewrapSandbox
+
+    from .conftest import SETTINGS
+
+    sb = BubblewrapSandbox(warm=True, **{**SETTINGS, "max_concurrency": 4})
+
+    async def go() -> list[Any]:
+        out: list[Any] = [None] * 8
+
+        async def one(i: int) -> None:
+            try:
+                async with sb.session() as s:
+                    out[i] = await s.run(f"print({i} * 7)")
+            except Exception as exc:  # noqa: BLE001 - the test reports what each one got
+                out[i] = exc
+
+        try:
+            async with anyio.create_task_group() as tg:
+                for i in range(8):
+                    tg.start_soon(one, i)
+        finally:
+            await sb.aclose()
+        return out
+
+    results = arun(go)
+    assert all(isinstance(r, ExecResult) and r.ok for r in results), results
+    assert [r.stdout for r in results] == [f"{i * 7}\n" for i in range(8)]
