@@ -39,14 +39,14 @@ from tests.e2e.chaos import KINDS, RESTART_METRIC, ChaosResult, describe, run_wi
 
 GROUP, STALENESS = 4, 1  # tiny_calc's rollout.group_size and algo.max_staleness
 GRPO_KINDS = ("generator", "generator-load", "learner", "rollout-worker", "sandbox-worker")
-PPO = ('algo.advantage="gae"', "critic.warmup_steps=1", "critic.lr=1e-3")  # as the PPO e2e
+PPO = ('algo.advantage="gae"', "critic.warmup_steps=1", "critic.lr=1e-3")  # as the PPO e2e; step 1 trains the critic only
 
 
 def overrides(steps: int, batch: int, ppo: bool) -> list[str]:
     """The ``--set`` items of one chaos run (beside its run dir and model)."""
     out = [
         "sft.steps=0", "eval.limit=0", f"learner.max_steps={steps}", f"learner.batch_size={batch}",
-        "checkpoint.every_steps=2", "learner.max_degenerate_steps=0", "rollout.max_new_tokens=32",
+        "checkpoint.every_steps=2", "learner.max_degenerate_steps=0",
         # every fault of a run may hit the same kind: bounds above what a run can spend
         "learner.max_restarts=8", "rollout.max_restarts=8",
     ]
@@ -87,6 +87,16 @@ def table(results: list[ChaosResult], ppo_runs: set[int]) -> list[str]:
     return lines
 
 
+def _utc_deadline(hhmm: str) -> float:
+    """The next moment (Unix time) the UTC clock reads ``hhmm``."""
+    import datetime as dt
+
+    h, m = (int(x) for x in hhmm.split(":"))
+    now = dt.datetime.now(dt.timezone.utc)
+    at = now.replace(hour=h, minute=m, second=0, microsecond=0)
+    return (at if at > now else at + dt.timedelta(days=1)).timestamp()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=20)
@@ -97,7 +107,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="run i uses seed SEED + i")
     ap.add_argument("--sft", default="runs/chaos/sft", help="the main job's SFT checkpoint RL starts from (made when missing)")
     ap.add_argument("--out", default="runs/chaos")
-    ap.add_argument("--run-timeout", type=float, default=600, help="seconds before a run is stopped")
+    ap.add_argument("--run-timeout", type=float, default=400, help="seconds before a run is stopped")
+    ap.add_argument("--finish-by", default=None, metavar="HH:MM",
+                    help="UTC time by which the benchmark must be done: no run starts unless the mean run so far fits before it")
     ap.add_argument("--write", action="store_true", help="write the results into benchmarks/RESULTS.md")
     args = ap.parse_args()
     started = time.time()
@@ -105,7 +117,13 @@ def main() -> None:
     sft = sft_checkpoint(ROOT / args.sft)
     results: list[ChaosResult] = []
     ppo_runs: set[int] = set()
+    finish_by = _utc_deadline(args.finish_by) if args.finish_by else None
     for i in range(args.runs):
+        if finish_by is not None and results:
+            mean = sum(r.wall_s for r in results) / len(results)
+            if time.time() + mean > finish_by:
+                print(f"stopping after {len(results)} runs: another ({mean:.0f} s on average) would end after {args.finish_by} UTC", flush=True)
+                break
         seed = args.seed + i
         ppo = args.ppo_every > 0 and i % args.ppo_every == args.ppo_every - 1
         if ppo:
@@ -117,7 +135,7 @@ def main() -> None:
         cmd = [*train_command(str(ROOT / "recipes" / "tiny_calc.toml"), str(run_dir), str(sft),
                               *overrides(args.steps, args.batch, ppo), f"seed={seed}"), "--fresh"]
         r = run_with_faults(cmd, run_dir, out / f"run_{i:02d}.log", faults, seed=seed, max_steps=args.steps, group=GROUP,
-                            staleness=STALENESS, batch=args.batch, timeout_s=args.run_timeout)
+                            staleness=STALENESS, batch=args.batch, warmup_steps=1 if ppo else 0, timeout_s=args.run_timeout)
         results.append(r)
         verdict = "finished" if r.finished else "FAILED: " + "; ".join(r.violations)
         print(f"run {i:2d} seed {seed} {'PPO ' if ppo else ''}{describe(r.faults)}: {verdict} ({r.wall_s:.0f} s)", flush=True)
@@ -131,7 +149,7 @@ def main() -> None:
     load_hits = sum(min(r.load_failures, 1) for r in results if any(f.kind == "generator-load" and f.pid is not None for f in r.faults))
     lines = [
         run_header(started), "",
-        f"{len(results)} runs of the tiny main job from its SFT checkpoint ({args.steps} learner steps of {args.batch} samples, "
+        f"{len(results)} runs (of {args.runs} asked) of the tiny main job from its SFT checkpoint ({args.steps} learner steps of {args.batch} samples, "
         f"checkpoints every 2 steps, no evaluation; every {args.ppo_every}th run PPO), {args.faults} SIGKILLs per run "
         f"(one pair at once), {sent} sent in all. **{finished} of {len(results)} runs finished** (exit 0, max_steps reached, "
         f"every audit invariant held). Invariants violated: {'none' if not violations else len(violations)}.",

@@ -81,3 +81,10 @@ def test_a_prompt_said_abandoned_without_infrastructure_failures(tmp_path):
     assert check(tmp_path, summary(waiting=[], abandoned_prompts=[9], dropped_prompts=[8])) == []
     said = check(tmp_path, summary(waiting=[9], abandoned_prompts=[8]))
     assert any(v.startswith("prompts said abandoned whose episodes did not all fail on infrastructure: [8]") for v in said), said
+
+
+def test_critic_warm_up_steps_train_no_policy(tmp_path):
+    """PPO's first ``critic.warmup_steps`` steps train the critic only: the learner records none."""
+    write(tmp_path, RESTARTED[1:])
+    assert check(tmp_path, summary(), max_steps=4) != []
+    assert audit_violations(tmp_path, summary(), max_steps=4, group=GROUP, staleness=1, batch=BATCH, warmup_steps=1) == []

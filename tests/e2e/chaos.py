@@ -163,7 +163,8 @@ class ChaosResult:
 
 
 def run_with_faults(cmd: list[str], run_dir: Path, log_path: Path, faults: list[Fault], *, seed: int, max_steps: int,
-                    group: int, staleness: int, batch: int, timeout_s: float = 900, find_timeout_s: float = 120) -> ChaosResult:
+                    group: int, staleness: int, batch: int, warmup_steps: int = 0, timeout_s: float = 900,
+                    find_timeout_s: float = 120) -> ChaosResult:
     """Run ``cmd`` (an ``agentrl train`` command writing into ``run_dir``, console into
     ``log_path``), sending each fault once its step is logged (faults of one step together),
     then check the run: exit 0 and :func:`~tests.e2e.helpers.audit_violations`. A fault whose
@@ -215,7 +216,7 @@ def run_with_faults(cmd: list[str], run_dir: Path, log_path: Path, faults: list[
         f.note = f"not sent: the run ended before step {f.at_step} was logged" + (f" ({f.note})" if f.note else "")
     console = log_path.read_text()
     return judge(run_dir, seed=seed, faults=faults, rc=rc, wall_s=time.monotonic() - t0, console=console,
-                 max_steps=max_steps, group=group, staleness=staleness, batch=batch)
+                 max_steps=max_steps, group=group, staleness=staleness, batch=batch, warmup_steps=warmup_steps)
 
 
 def _find(f: Fault, run_dir: Path, killed: set[int], rng: random.Random) -> int | None:
@@ -246,7 +247,7 @@ def _find(f: Fault, run_dir: Path, killed: set[int], rng: random.Random) -> int 
 
 
 def judge(run_dir: Path, *, seed: int, faults: list[Fault], rc: int | None, wall_s: float, console: str, max_steps: int,
-          group: int, staleness: int, batch: int) -> ChaosResult:
+          group: int, staleness: int, batch: int, warmup_steps: int = 0) -> ChaosResult:
     """The verdict on a finished chaos run: its invariants from the audit logs, its replacement
     events, and the console's last lines."""
     violations: list[str] = []
@@ -257,7 +258,8 @@ def judge(run_dir: Path, *, seed: int, faults: list[Fault], rc: int | None, wall
     summary_path = run_dir / "summary.json"
     if summary_path.is_file():
         summary = json.loads(summary_path.read_text())
-        violations += audit_violations(run_dir, summary, max_steps=max_steps, group=group, staleness=staleness, batch=batch)
+        violations += audit_violations(run_dir, summary, max_steps=max_steps, group=group, staleness=staleness, batch=batch,
+                                       warmup_steps=warmup_steps)
     elif rc == 0:
         violations.append("no summary.json")
     restarts: dict[str, int] = {}

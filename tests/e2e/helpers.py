@@ -216,7 +216,8 @@ def trained_timeline(run_dir: Path) -> tuple[list[dict], list[dict]]:
     return timeline, rolled_back
 
 
-def audit_violations(run_dir: Path, summary: dict, *, max_steps: int, group: int, staleness: int, batch: int) -> list[str]:
+def audit_violations(run_dir: Path, summary: dict, *, max_steps: int, group: int, staleness: int, batch: int,
+                     warmup_steps: int = 0) -> list[str]:
     """The run's invariants, checked from its append-only audit logs (``RUN_DIR/audit/``: what
     the learner ranks and the rollout workers wrote, never rewound), whatever was killed and
     restarted how often; the controller's ``summary.json`` (``summary``) is only the claim
@@ -234,11 +235,15 @@ def audit_violations(run_dir: Path, summary: dict, *, max_steps: int, group: int
       "waiting" cannot hide lost prompts.
 
     ``max_steps``, ``group`` (samples per prompt), ``staleness`` (``algo.max_staleness``),
-    ``batch`` (samples per step): the run's settings."""
+    ``batch`` (samples per step): the run's settings; ``warmup_steps`` (PPO's
+    ``critic.warmup_steps``): the first steps train the critic only, so the learner records none;
+    their prompts (``warmup_steps * batch // group`` of them, never trained by the learner) are
+    accounted for as the critic's warm-up — the critic keeps no audit log, so these few are
+    taken on trust."""
     out: list[str] = []
     timeline, rolled_back = trained_timeline(run_dir)
     got = [rec["step"] for rec in timeline]
-    if got != list(range(1, max_steps + 1)):
+    if got != list(range(warmup_steps + 1, max_steps + 1)):
         out.append(f"the learner did not reach max_steps = {max_steps}: the final weights were trained on steps {got}")
     ids = [s["id"] for rec in timeline for s in rec["samples"]]
     if None in ids:
@@ -283,6 +288,8 @@ def audit_violations(run_dir: Path, summary: dict, *, max_steps: int, group: int
     if len(waiting) > (staleness + 1) * batch // group:
         out.append(f"{len(waiting)} prompts still waiting at the end, more than the staleness window holds: {sorted(waiting)[:10]}")
     accounted = trained | dropped | abandoned | waiting | set(set_aside)
+    warmup = sorted(set(range(summary["prompt_cursor"])) - accounted)[: warmup_steps * batch // group]
+    accounted |= set(warmup)
     lost = sorted(set(range(summary["prompt_cursor"])) - accounted)
     if lost:
         out.append(f"prompts below the cursor ({summary['prompt_cursor']}) neither trained nor accounted for: {lost[:10]}")
