@@ -145,8 +145,8 @@ class GeneratorFleet:
                 f"generator {i}", gen, reason, start, said=f"generator {i} restarted at version {on_disk} ({reason})"
             )
             replaced += 1
-        if replaced:
-            await asyncio.gather(*[w.set_generators.remote(self.generators) for w in self.workers])
+        if replaced:  # a worker that died meanwhile is its own failover's business (its replacement starts on these)
+            await asyncio.gather(*[w.set_generators.remote(self.generators) for w in self.workers], return_exceptions=True)
         return replaced
 
     async def sleep(self, level: int) -> list[float]:
