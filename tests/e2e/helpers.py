@@ -67,20 +67,24 @@ def kill_tree(proc: subprocess.Popen) -> None:
     proc.wait(timeout=60)
 
 
-def steps(run_dir: Path) -> list[int]:
-    """The learner steps logged in ``run_dir/metrics.jsonl`` so far (a torn last line is skipped)."""
+def records(run_dir: Path) -> list[dict]:
+    """The records of ``run_dir/metrics.jsonl`` so far (none before it exists; a torn last line,
+    still being written, is skipped)."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return []
     out = []
     for line in path.read_text().splitlines():
         try:
-            rec = json.loads(line)
+            out.append(json.loads(line))
         except json.JSONDecodeError:
             continue
-        if rec.get("kind") == "step":
-            out.append(rec["step"])
     return out
+
+
+def steps(run_dir: Path) -> list[int]:
+    """The learner steps logged in ``run_dir/metrics.jsonl`` so far (a torn last line is skipped)."""
+    return [rec["step"] for rec in records(run_dir) if rec.get("kind") == "step"]
 
 
 def run_then_kill(cmd: list[str], run_dir: Path, log_path: Path, *, min_step: int = 2, timeout_s: float = 600) -> int:

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.helpers import REPO, actor_pids, foreign_lines, kill_tree, steps
+from tests.e2e.helpers import records as metrics_so_far
 from agentrl.engine.common.audit import learner_audit_path, read_audit
 from tests.test_user_code import USER_ENV
 
@@ -48,22 +49,9 @@ def has_answer(row, env_reward):
 '''
 
 
-def _records(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:  # a line being written
-            continue
-    return out
-
-
 def _events(run_dir: Path) -> list[str]:
     """The event messages of ``run_dir/metrics.jsonl``."""
-    return [r["message"] for r in _records(run_dir) if r["kind"] == "event"]
+    return [r["message"] for r in metrics_so_far(run_dir) if r["kind"] == "event"]
 
 
 def _environ() -> dict[str, str]:
@@ -139,7 +127,7 @@ def first_run(tmp_path_factory, tiny_calc_model) -> FirstRun:
         proc = subprocess.Popen(cmd, cwd=elsewhere, env=_environ(), stdout=o, stderr=e, text=True, start_new_session=True)
     try:
         # during the supervised stage: the learner's process, once SFT step 25 is logged
-        _wait(proc, err, lambda: any(r["kind"] == "sft" for r in _records(run_dir)), "SFT step 25")
+        _wait(proc, err, lambda: any(r["kind"] == "sft" for r in metrics_so_far(run_dir)), "SFT step 25")
         sft_killed = actor_pids(run_dir, "learner-0")
         assert len(sft_killed) == 1, sft_killed
         assert not any(m.startswith("SFT done") for m in _events(run_dir)), "the stage ended before the kill"
