@@ -27,13 +27,23 @@ from agentrl.engine.common.cluster import actor_died, kill
 from agentrl.engine.common.waits import timed
 from agentrl.errors import AgentRLError, InfraError
 
-__all__ = ["ActorSlots", "EventLog", "Replacements", "how_dead"]
+__all__ = ["ActorSlots", "EventLog", "Replacements", "how_dead", "tell_workers"]
 
 
 class EventLog(Protocol):
     """Where a replacement is reported (``MetricsLogger`` is one)."""
 
     def event(self, message: str, **fields: Any) -> Any: ...
+
+
+async def tell_workers(workers: list[Any], method: str, *args: Any) -> None:
+    """Call ``method(*args)`` on every rollout worker at once. A worker whose process is gone
+    (:func:`~agentrl.engine.common.cluster.actor_died`) is skipped: its failover replaces it, and
+    the replacement is built with the current value. Any other failure is raised."""
+    results = await asyncio.gather(*[getattr(w, method).remote(*args) for w in workers], return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException) and actor_died(result) is None:
+            raise result
 
 
 async def how_dead(handle: Any, probe: str, exc: BaseException | None = None, timeout_s: float = 30.0) -> str | None:

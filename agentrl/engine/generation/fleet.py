@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from agentrl.engine.common.replacement import EventLog, Replacements, how_dead
+from agentrl.engine.common.replacement import EventLog, Replacements, how_dead, tell_workers
 from agentrl.engine.generation.generator import EngineSettings
 from agentrl.engine.common.waits import timed
 from agentrl.errors import GeneratorError
@@ -146,7 +146,7 @@ class GeneratorFleet:
             )
             replaced += 1
         if replaced:  # a worker that died meanwhile is its own failover's business (its replacement starts on these)
-            await asyncio.gather(*[w.set_generators.remote(self.generators) for w in self.workers], return_exceptions=True)
+            await tell_workers(self.workers, "set_generators", self.generators)
         return replaced
 
     async def sleep(self, level: int) -> list[float]:

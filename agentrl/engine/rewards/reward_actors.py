@@ -20,7 +20,7 @@ from typing import Any
 from collections.abc import Callable
 
 from agentrl.engine.common.cluster import kill, new_actor
-from agentrl.engine.common.replacement import ActorSlots, EventLog, Replacements
+from agentrl.engine.common.replacement import ActorSlots, EventLog, Replacements, tell_workers
 from agentrl.engine.common.waits import timed
 from agentrl.engine.rewards.scoring import JUDGE, REWARD_MODEL
 from agentrl.errors import RewardModelError
@@ -94,9 +94,6 @@ async def _started(handle: Any, call: str) -> Any:
     return handle
 
 
-async def _tell_workers(workers: list[Any], method: str, value: Any) -> None:
-    """``method(value)`` on every rollout worker (a dead one is its own failover's business)."""
-    await asyncio.gather(*[getattr(w, method).remote(value) for w in workers], return_exceptions=True)
 
 
 def reward_actor_slots(
@@ -121,7 +118,7 @@ def reward_actor_slots(
             return await _started(spawn(judges[i]), "start")
 
         async def hand_judges(slots: list[Any]) -> None:
-            await _tell_workers(workers(), "set_judge_generators", list(slots))
+            await tell_workers(workers(), "set_judge_generators", list(slots))
 
         out[JUDGE] = ActorSlots(
             name="judge generator", slots=lambda: actors.judge_generators, start=start_judge, probe="stats",
@@ -137,7 +134,7 @@ def reward_actor_slots(
 
         async def hand_rm(slots: list[Any]) -> None:
             actors.reward_model = slots[0]  # shut down with the others at the end
-            await _tell_workers(workers(), "set_reward_model", slots[0])
+            await tell_workers(workers(), "set_reward_model", slots[0])
 
         out[REWARD_MODEL] = ActorSlots(
             name="reward model", slots=lambda: slot, start=start_rm, probe="ping", probe_timeout_s=probe_timeout_s,

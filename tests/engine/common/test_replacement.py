@@ -116,3 +116,39 @@ def test_a_replacement_that_does_not_start_is_an_error_in_words():
 
 def test_replacements_default_to_an_infra_error():
     assert Replacements(metric="m", log=_Log()).error is InfraError
+
+
+class _Worker:
+    def __init__(self, fail: Exception | None = None) -> None:
+        self.got: list[object] = []
+        self.fail = fail
+
+    def set_generators(self, generators: object) -> None:
+        if self.fail is not None:
+            raise self.fail
+        self.got.append(generators)
+
+
+def test_telling_the_workers_skips_a_dead_one_and_reaches_the_live_ones():
+    import anyio
+
+    from agentrl.engine.common.replacement import tell_workers
+    from agentrl.engine.testing import local_actor
+
+    live, dead = _Worker(), _Worker()
+    handles = [local_actor(dead, "rollout-0"), local_actor(live, "rollout-1")]
+    handles[0].kill()
+    anyio.run(tell_workers, handles, "set_generators", ["g1"])
+    assert live.got == [["g1"]] and dead.got == []
+
+
+def test_telling_the_workers_raises_a_live_workers_own_failure():
+    import anyio
+    import pytest
+
+    from agentrl.engine.common.replacement import tell_workers
+    from agentrl.engine.testing import local_actor
+
+    handles = [local_actor(_Worker(), "rollout-0"), local_actor(_Worker(fail=ValueError("bad generators")), "rollout-1")]
+    with pytest.raises(ValueError, match="bad generators"):
+        anyio.run(tell_workers, handles, "set_generators", ["g1"])
