@@ -32,3 +32,20 @@ def chromium(width: int = 1280, height: int = 1600) -> Iterator[Any]:
         yield driver
     finally:
         driver.quit()
+
+
+def open_page(driver: Any, uri: str, ready_js: str, timeout_s: float = 60.0) -> None:
+    """Open ``uri`` and wait until the page's own script says it has finished (``ready_js``, a
+    JavaScript expression, is true). Past ``timeout_s`` seconds the failure carries the browser's
+    console, so that a script that stopped half way names its error."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(uri)
+    try:
+        WebDriverWait(driver, timeout_s, poll_frequency=0.2).until(lambda d: d.execute_script(f"return Boolean({ready_js});"))
+    except TimeoutException:
+        log = [entry.get("message", "") for entry in driver.get_log("browser")]
+        state = driver.execute_script("return document.readyState;")
+        raise AssertionError(f"{uri}: the page was not ready after {timeout_s:.0f} s ({ready_js}); "
+                             f"document.readyState={state!r}; browser console: {log}") from None

@@ -10,7 +10,7 @@ import pytest
 
 from agentrl.report import write_report
 from agentrl.report_html import MAX_EPISODES, episode_turns
-from tests.browser import chromium
+from tests.browser import chromium, open_page
 
 SYSTEM = "<|im_start|>system\nUse the tool.<|im_end|>\n<|im_start|>user\nCompute 2+3.<|im_end|>\n<|im_start|>assistant\n"
 
@@ -58,6 +58,9 @@ def fake_run(root: Path, episodes: int) -> Path:
     return root
 
 
+PAGE_DRAWN = "document.readyState === 'complete' && document.getElementById('shown').textContent !== ''"
+"""True once the page's script ran to its end (its last act writes the episode count into #shown)."""
+
 FIGURES_JS = """
 return [...document.querySelectorAll('#figures > div')].map(fig => ({
   plotly: fig.classList.contains('js-plotly-plot'),
@@ -76,7 +79,7 @@ def test_the_page_renders_curves_and_coloured_trajectories_in_chromium(tmp_path)
     run = fake_run(tmp_path / "run", 60)
     page = write_report(run) / "index.html"
     with chromium() as browser:
-        browser.get(page.as_uri())
+        open_page(browser, page.as_uri(), PAGE_DRAWN)
         figures = browser.execute_script(FIGURES_JS)
         assert [f["title"] for f in figures] == [
             "reward, accuracy", "throughput (tokens/s)", "staleness (versions behind)", "loss, grad norm",
@@ -114,7 +117,7 @@ def test_a_samples_file_of_10000_episodes_is_sampled_and_opens(tmp_path):
     page = write_report(run) / "index.html"
     with chromium() as browser:
         t0 = time.monotonic()
-        browser.get(page.as_uri())
+        open_page(browser, page.as_uri(), PAGE_DRAWN)
         load_s = time.monotonic() - t0
         shown = browser.find_element("id", "shown").text
         errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
