@@ -4,14 +4,17 @@
 engine (:class:`~agentrl.engine.generation.generator.VllmGenerator`), a client of a vLLM server
 (:class:`~agentrl.engine.generation.http_generator.HttpGenerator`) and the in-process double
 (:class:`~agentrl.engine.testing.FakeGenerator`) all implement it (checked by a test).
+:data:`GenerateFn` is the narrower seam the episodes, the agent gateway and the judge play on:
+one ``generate`` call, whoever routes and bounds it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Generation", "Generator"]
+__all__ = ["GenerateFn", "Generation", "Generator"]
 
 
 @dataclass
@@ -31,6 +34,12 @@ class Generation:
     """``stop`` (EOS or a stop string), ``length`` (max_tokens) or ``abort``."""
     stop_reason: int | str | None = None
     """The stop string or token id that ended generation, if any."""
+
+
+GenerateFn = Callable[[list[int], dict[str, Any]], Awaitable[Generation]]
+"""``generate(prompt_ids, sampling) -> Generation``: one call of a generator (``sampling``: vLLM
+``SamplingParams`` arguments), as an episode, the agent gateway or the judge makes it; the rollout
+worker's :class:`~agentrl.engine.episodes.routing.GeneratorRouter` gives bounded ones."""
 
 
 @runtime_checkable

@@ -30,7 +30,8 @@ import anyio
 from agentrl.agents import AgentFn, AgentResult, episode_sandbox
 from agentrl.engine.episodes.chat_segments import ChatRecorder, episode_trajectory
 from agentrl.engine.common.episode_text import version_spans
-from agentrl.engine.episodes.gateway import Gateway, GenerateFn, Session
+from agentrl.engine.common.interfaces import GenerateFn
+from agentrl.engine.episodes.gateway import Gateway, Session
 from agentrl.engine.common.trajectory import AGENT_FAILURE, Trajectory
 from agentrl.errors import AgentError, InfraError
 

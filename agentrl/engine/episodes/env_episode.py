@@ -11,22 +11,18 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 
 from agentrl.engine.common.episode_text import version_spans
-from agentrl.engine.common.interfaces import Generation
+from agentrl.engine.common.interfaces import GenerateFn
 from agentrl.engine.common.trajectory import Trajectory
 from agentrl.engine.episodes.render import IncrementalRenderer, TemplateMismatch
 from agentrl.engine.episodes.stops import with_stop_token_ids
 from agentrl.errors import AgentRLError, InfraError
 
-GenerateFn = Callable[[list[int], dict[str, Any]], Awaitable[Generation]]
-"""``generate(prompt_ids, sampling) -> Generation``: one bounded call of a generator."""
-
-__all__ = ["GenerateFn", "episode_seed", "play_episode"]
+__all__ = ["episode_seed", "play_episode"]
 
 
 def episode_seed(seed: int, prompt_index: int, sample_index: int, turn: int) -> int:

@@ -31,7 +31,7 @@ import json
 import secrets
 import socket
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +43,7 @@ from agentrl.engine.episodes.chat_api import (
     tool_call_message,
 )
 from agentrl.engine.episodes.chat_segments import ChatRecorder, Reply
-from agentrl.engine.common.interfaces import Generation
+from agentrl.engine.common.interfaces import GenerateFn, Generation
 from agentrl.engine.episodes.render import special_tokens, strip_special_suffix
 from agentrl.engine.episodes.stops import with_stop_token_ids
 from agentrl.errors import AgentRLError, InfraError, RequestError
@@ -53,8 +53,6 @@ __all__ = ["CLOSED_MEMORY", "Gateway", "Session", "new_http_client"]
 CLOSED_MEMORY = 65536
 """How many closed episode ids a gateway remembers (to answer them 409 rather than 404): a bounded
 memory, the oldest forgotten first, so that a long run does not grow it forever (~100 bytes each)."""
-
-GenerateFn = Callable[[list[int], dict[str, Any]], Awaitable[Generation]]
 
 
 @dataclass

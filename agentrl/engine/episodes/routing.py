@@ -13,8 +13,7 @@ from typing import Any
 
 import anyio
 
-from agentrl.engine.common.interfaces import Generation
-from agentrl.engine.episodes.env_episode import GenerateFn
+from agentrl.engine.common.interfaces import GenerateFn, Generation
 from agentrl.errors import AgentRLError, GeneratorError
 
 __all__ = ["GeneratorRouter"]

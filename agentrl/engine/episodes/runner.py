@@ -12,7 +12,8 @@ import asyncio
 from typing import Any
 
 from agentrl.engine.common.trajectory import Trajectory
-from agentrl.engine.episodes.env_episode import GenerateFn, episode_seed, play_episode
+from agentrl.engine.common.interfaces import GenerateFn
+from agentrl.engine.episodes.env_episode import episode_seed, play_episode
 
 __all__ = ["EpisodeRunner"]
 

@@ -2,7 +2,7 @@
 
 The pieces are pure (:func:`judge_fields`, :func:`render_judge_prompt`, :func:`parse_score`);
 :class:`LLMJudge` puts them around one call of a generator's ``generate(prompt_ids, sampling)``
-(the rollout's :data:`~agentrl.engine.episodes.rollout.GenerateFn` seam), bounded by a timeout.
+(the :data:`~agentrl.engine.common.interfaces.GenerateFn` seam), bounded by a timeout.
 
 What the judge sees (the template's placeholders):
 
@@ -21,13 +21,12 @@ infrastructure failure kept out of the loss, never a reward of 0.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
-from agentrl.engine.common.interfaces import Generation
+from agentrl.engine.common.interfaces import GenerateFn
 from agentrl.engine.common.trajectory import Trajectory
 from agentrl.errors import RewardModelError
 from agentrl.judge_prompt import DEFAULT_SCORE_PATTERN, DEFAULT_TEMPLATE
@@ -121,10 +120,10 @@ def parse_score(text: str, settings: JudgeSettings) -> float:
 class LLMJudge:
     """Scores episodes with a generator: renders the template as one user message with the judge
     model's chat template (``tokenizer``), generates with ``generate`` (prompt ids, sampling ->
-    :class:`Generation`) and parses the score. ``generate`` is bounded by ``settings.timeout_s``
-    here, whatever bounds it has of its own."""
+    :class:`~agentrl.engine.common.interfaces.Generation`) and parses the score. ``generate`` is
+    bounded by ``settings.timeout_s`` here, whatever bounds it has of its own."""
 
-    def __init__(self, settings: JudgeSettings, tokenizer: Any, generate: Callable[[list[int], dict[str, Any]], Awaitable[Generation]]) -> None:
+    def __init__(self, settings: JudgeSettings, tokenizer: Any, generate: GenerateFn) -> None:
         self.settings = settings
         self.tokenizer = tokenizer
         self.generate = generate

@@ -10,9 +10,9 @@ generators, the reward model) come from the controller and are replaced in-run
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
+from agentrl.engine.common.interfaces import GenerateFn
 from agentrl.engine.rewards.functions import RewardFunction
 from agentrl.engine.rewards.judge import JudgeSettings, LLMJudge
 from agentrl.engine.rewards.scoring import EpisodeScorer, RewardSettings
@@ -56,7 +56,7 @@ class ScoringBundle:
         """Replace the reward model's handle (after it was replaced); scores in flight keep theirs."""
         self.reward_model = reward_model
 
-    def scorer(self, generate: Callable[..., Awaitable[Any]]) -> EpisodeScorer | None:
+    def scorer(self, generate: GenerateFn) -> EpisodeScorer | None:
         """The scorer of a group whose episodes ran on ``generate`` (the judge asks it when the
         judge is the policy); None when the recipe has only the environment's reward."""
         if self.reward is None:
