@@ -6,7 +6,8 @@ names the file, the key path, the value given and what was expected, e.g.::
 
     recipes/tiny_calc.toml: learner.lr: got 'fast' (str); expected a number
 
-Components never receive the recipe: the controller reads it and passes plain arguments.
+Components never receive the recipe: :mod:`agentrl.engine.wiring` turns its sections into plain
+arguments and :mod:`agentrl.engine.assembly` builds the run's parts with them.
 Every field has a docstring (pydantic turns attribute docstrings into field descriptions).
 
 The sections live in :mod:`agentrl.recipe` (one module per part of a run); this module joins them

@@ -52,7 +52,7 @@ def format_eta(seconds: float) -> str:
 def render_step(
     rec: dict[str, Any], *, max_steps: int | None = None, recent_rewards: list[float] | None = None, eta_s: float | None = None,
 ) -> Panel:
-    """The panel for one step record (the fields :meth:`Controller._train` logs); ``eta_s``: the
+    """The panel for one step record (the fields :meth:`RLLoop._train <agentrl.engine.loop.loop.RLLoop._train>` logs); ``eta_s``: the
     time left until ``max_steps`` (None: not known yet)."""
     recent = recent_rewards or [rec.get("reward_mean", 0.0)]
     left = Table.grid(padding=(0, 2))

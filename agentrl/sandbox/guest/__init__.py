@@ -14,6 +14,7 @@ they share one namespace), and hands it to the sandboxed interpreter as
 * :mod:`~agentrl.sandbox.guest.limits`: rlimits, cgroups, identity, the system-call filter;
 * :mod:`~agentrl.sandbox.guest.execution`: running the code (every mode), and mode ``session``;
 * :mod:`~agentrl.sandbox.guest.oneshot`: the one-shot bootstrap;
+* :mod:`~agentrl.sandbox.guest.trees`: a warm server's execution trees (namespaces, each tree's init);
 * :mod:`~agentrl.sandbox.guest.warm`: mode ``server``;
 * :mod:`~agentrl.sandbox.guest.docker_runner`: modes ``runner`` and ``reaper``.
 
@@ -45,7 +46,7 @@ Modes (``sys.argv[1]``):
     with fresh mount and IPC namespaces (and a fresh network namespace, loopback only, for
     sessions), a fresh size-capped tmpfs on ``/tmp`` and ``/dev/shm`` and a ``/proc`` of its own;
     ``I`` reaps orphans and resets the tree on the server's request
-    (:func:`~agentrl.sandbox.guest.warm.init_main`). And
+    (:func:`~agentrl.sandbox.guest.trees.init_main`). And
     ``U``, forked by ``Z`` (a copy of the warm server that does nothing but fork, so that the
     server's own work between forks faults no copy-on-write pages and a ``U`` inherits none of
     its descriptors) into ``I``'s namespaces (``setns``), in a user namespace of its own (so that
