@@ -32,7 +32,8 @@ __all__ = ["BusyClock", "CPU_BLOCK_SIZE", "EngineSettings", "GeneratorCounters",
 
 @dataclass
 class EngineSettings:
-    """Arguments of one vLLM engine (plain values: the recipe stays with the controller)."""
+    """Arguments of one vLLM engine (plain values; :func:`agentrl.engine.wiring.engine_settings`
+    reads them from the recipe)."""
 
     model: str
     """Hugging Face folder or hub id."""

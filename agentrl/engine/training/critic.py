@@ -13,11 +13,12 @@ reads the hidden state of the previous position, exactly as the policy's log-pro
 comes from position ``t - 1``. Only positions whose ``loss_mask`` is 1 (the model's own tokens,
 the actions) get a value; the rest are the environment's (see :mod:`agentrl.algos.gae`).
 
-Like :class:`~agentrl.engine.training.learner.Learner`, ``Critic`` is a plain class the controller wraps as
-a Ray actor; every method that touches the model is a collective of the critic's group (its own
-``torch.distributed`` group, in its own processes). A training sample is a dict with ``tokens``,
-``loss_mask``, ``returns`` and ``values`` (per token: the GAE value targets and the values the
-critic gave before this batch's first update).
+Like :class:`~agentrl.engine.training.learner.Learner`, ``Critic`` is a plain class the run's
+assembly (:mod:`agentrl.engine.assembly`) wraps as a Ray actor; every method that touches the
+model is a collective of the critic's group (its own ``torch.distributed`` group, in its own
+processes). A training sample is a dict with ``tokens``, ``loss_mask``, ``returns`` and
+``values`` (per token: the GAE value targets and the values the critic gave before this batch's
+first update).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Learner: one rank of an FSDP2 data-parallel group that trains the policy.
 
-``Learner`` is a plain class (one per process); the controller wraps it as a Ray actor and calls
-every rank's method at the same time (they run collectives together). The model is wrapped per
-decoder layer with ``torch.distributed.fsdp.fully_shard`` (with one rank, a single unit around the
-whole model: there is nothing to shard, and per-layer units cost ~20% of a tiny model's step in
-hooks and copies); the process group is ``gloo`` on CPU and ``nccl`` on GPU. The ``bfloat16``
+``Learner`` is a plain class (one per process); the run's assembly (:mod:`agentrl.engine.assembly`)
+wraps it as a Ray actor and the learner group calls every rank's method at the same time (they
+run collectives together). The model is wrapped per decoder layer with
+``torch.distributed.fsdp.fully_shard`` (with one rank, a single unit around the whole model:
+there is nothing to shard, and per-layer units cost ~20% of a tiny model's step in hooks and
+copies); the process group is ``gloo`` on CPU and ``nccl`` on GPU. The ``bfloat16``
 dtype means mixed precision on both (:mod:`~agentrl.engine.training.model_setup`); ``float16``
 (which would need loss scaling) and ``float32`` train in float32 throughout.
 
@@ -133,8 +134,8 @@ class Learner(FsdpRank):
     Call ``setup()`` on every rank before anything else.
 
     Every method that touches the model is a collective: call it on every rank with the same
-    arguments. Constructor arguments are plain values (the controller maps the recipe's
-    ``learner`` and ``algo`` sections onto them).
+    arguments. Constructor arguments are plain values (:func:`agentrl.engine.wiring.learner_kwargs`
+    maps the recipe's ``learner`` and ``algo`` sections onto them).
     """
 
     role = "learner"
