@@ -211,3 +211,27 @@ def reachable(g: dict[str, set[str]], start: str) -> set[str]:
 def test_the_recipe_layer_reaches_nothing_of_the_engine_through_other_modules():
     # config.py's own helpers (judge_prompt, model_plan, errors) must not pull the engine in either
     assert sorted(m for m in reachable(graph(), "agentrl.config") if m.startswith("agentrl.engine")) == []
+
+
+# DESIGN.md (Packages): dependencies point one way, engine -> envs, sandbox, algos; envs -> sandbox;
+# never back. What each package below the engine may not import of agentrl.
+BELOW_THE_ENGINE = {
+    "agentrl.envs": ("agentrl.engine",),
+    "agentrl.sandbox": ("agentrl.engine", "agentrl.envs"),
+    "agentrl.algos": ("agentrl.engine", "agentrl.envs", "agentrl.sandbox"),
+    "agentrl.models": ("agentrl.engine",),
+}
+
+
+def upward_imports(g: dict[str, set[str]]) -> list[str]:
+    """Imports of a package below the engine that point back up (:data:`BELOW_THE_ENGINE`)."""
+    out = []
+    for module, deps in sorted(g.items()):
+        for package, forbidden in BELOW_THE_ENGINE.items():
+            if module == package or module.startswith(package + "."):
+                out += [f"{module} -> {dep}" for dep in sorted(deps) if any(dep == f or dep.startswith(f + ".") for f in forbidden)]
+    return out
+
+
+def test_the_packages_below_the_engine_never_import_back_up():
+    assert upward_imports(graph(type_checking=True)) == []
