@@ -84,6 +84,7 @@ class Controller:
 
     @property
     def run_dir(self) -> RunDir:
+        """The run directory (the recipe's ``run_dir``, default ``runs/<name>``)."""
         return self.parts.run_dir
 
     @property

@@ -354,7 +354,6 @@ class FakeLearner(_StepCheckpoints):
         self.publish(str(version_folder(weights_dir, self.step)))
         return self.step
 
-
     def weight_transfer_endpoint(self) -> tuple[str, int]:
         return "127.0.0.1", 0
 
