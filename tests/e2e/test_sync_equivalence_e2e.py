@@ -1,8 +1,10 @@
 """Colocated (``placement.mode = "auto"`` on this CPU-only machine: the async machinery with
 generation and training taking turns, each with every core) trains exactly what ``sync`` with
 separate placement trains: same seed, same samples, same parameters (real Ray, vLLM, FSDP2 and
-bubblewrap; sampling is seeded per episode and turn). After every hand-over the learner's
-log-probs of the tokens it trains equal vLLM's."""
+bubblewrap; sampling is seeded per episode and turn). Both start from one SFT warm-up: the sync
+run's own, which the colocated run takes as its model with ``sft.steps=0`` (the RL steps are
+compared; one warm-up instead of two). After every hand-over the learner's log-probs of the
+tokens it trains equal vLLM's."""
 
 import json
 import os
@@ -16,14 +18,14 @@ from safetensors.torch import load_file
 from tests.e2e.helpers import REPO, train_cmd
 
 
-def _train(run_dir: Path, model: Path, mode: str) -> None:
+def _train(run_dir: Path, model: Path, mode: str, sft_steps: int) -> None:
     cmd = train_cmd(
         run_dir, model,
         *(["mode=sync", "placement.mode=separate"] if mode == "sync" else ["mode=async", "placement.mode=auto"]),
         "algo.max_staleness=0",
-        # a short warm-up so that episodes differ in length, and a length penalty so that
-        # rewards differ within a group: the RL steps then move the parameters
-        "sft.steps=30",
+        # a short warm-up (30 steps, in the sync run) so that episodes differ in length, and a
+        # length penalty so that rewards differ within a group: the RL steps then move the parameters
+        f"sft.steps={sft_steps}",
         "algo.overlong_max_tokens=24",
         "algo.overlong_buffer_tokens=20",
         "learner.max_steps=2",
@@ -49,13 +51,15 @@ def _trained(run_dir: Path) -> list[list[int]]:
 @pytest.mark.vllm
 def test_colocated_trains_exactly_what_sync_trains(tmp_path, tiny_calc_model):
     runs = {mode: tmp_path / mode for mode in ("sync", "async")}
-    for mode, run_dir in runs.items():
-        _train(run_dir, tiny_calc_model, mode)
+    _train(runs["sync"], tiny_calc_model, "sync", sft_steps=30)
+    _train(runs["async"], runs["sync"] / "sft", "async", sft_steps=0)  # the same start: the sync run's warm-up
 
+    assert json.loads((runs["async"] / "recipe.json").read_text())["model"]["path"] == str(runs["sync"] / "sft")
+    assert not (runs["async"] / "sft").exists()  # no warm-up of its own
     assert _trained(runs["sync"]) == _trained(runs["async"]) == [[0, 1], [2, 3]]
     sft = _weights(runs["sync"] / "sft")
     final = {mode: _weights(run_dir / "final") for mode, run_dir in runs.items()}
-    assert _weights(runs["async"] / "sft").keys() == sft.keys()
+    assert final["async"].keys() == sft.keys()
     moved = max((final["sync"][k] - sft[k]).abs().max().item() for k in sft)
     assert moved > 1e-4, "the RL steps did not change the parameters: the comparison would be empty"
     # Same samples, same order, same losses; what remains is vLLM's behaviour log-probs, which
