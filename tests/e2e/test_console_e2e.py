@@ -1,5 +1,6 @@
 """A user's first day, through the CLI (issue 36), in one `agentrl train` run (then two short
-reruns of the same command):
+reruns of the same recipe, which start from the first run's SFT model with ``sft.steps=0``: what
+they check is the start of a run, not its warm-up):
 
 - their own environment module and their own reward functions (``[[reward.functions]]``, one
   async, one plain) beside their recipe, run from another directory without PYTHONPATH;
@@ -34,7 +35,7 @@ from agentrl.engine.common.audit import learner_audit_path, read_audit
 from tests.test_user_code import USER_ENV
 
 MAX_STEPS = 3
-SFT_STEPS = 200  # the supervised stage's steps; its learner is killed once its first progress record (step 25) is logged
+SFT_STEPS = 100  # the supervised stage's steps; its learner is killed once its first progress record (step 25) is logged
 
 USER_REWARDS = '''
 async def tagged(completion, messages, row):
@@ -79,6 +80,8 @@ class FirstRun:
     """What the run printed on stderr (the console)."""
     metrics: Path
     """A copy of the run's metrics.jsonl as it ended (the run directory is set aside later)."""
+    sft_model: Path
+    """A copy of the model its SFT stage wrote (``run/sft``), outside the run directory: the reruns' model."""
     sft_killed: list[int]
     """The learner processes killed during the supervised stage."""
     rl_killed: list[int]
@@ -152,9 +155,12 @@ def first_run(tmp_path_factory, tiny_calc_model) -> FirstRun:
     snapshot = tmp / "first_metrics"
     snapshot.mkdir()
     shutil.copy(run_dir / "metrics.jsonl", snapshot / "metrics.jsonl")
+    sft_model = tmp / "sft_model"
+    if (run_dir / "sft" / "config.json").is_file():
+        shutil.copytree(run_dir / "sft", sft_model)
     audit = read_audit(learner_audit_path(run_dir)) if learner_audit_path(run_dir).exists() else []
     return FirstRun(proj, elsewhere, recipe, run_dir, sets, rc, out.read_text(), err.read_text(), snapshot / "metrics.jsonl",
-                    sft_killed, rl_killed, audit)
+                    sft_model, sft_killed, rl_killed, audit)
 
 
 @pytest.mark.e2e
@@ -234,6 +240,9 @@ def test_own_module_default_checkpoints_rerun_and_resume_from(first_run):
     assert [r["step"] for r in step_records] == [1, 2, 3]
     assert all(r["reward_mean"] >= 1.0 and r["reward_failures_batch"] == 0 for r in step_records), step_records
     assert all(r["fn/tagged_mean"] == 0.25 and r["fn/has_answer_mean"] == 0.125 for r in step_records), step_records
+    # the reruns start where the first run's RL started: its SFT model (a copy outside the run directory), no warm-up
+    assert (run.sft_model / "config.json").is_file()
+    sets = [*sets, "--set", "sft.steps=0", "--set", f"model.path='{run.sft_model}'"]
     second = _train(recipe, run.elsewhere, *sets)
     assert second.returncode == 0, second.stderr[-5000:]
     [old] = sorted(proj.glob("run.old-*"))
