@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from agentrl.errors import AgentRLError
@@ -130,6 +133,8 @@ def _train(args: argparse.Namespace, hooks: Sequence[Any] = ()) -> int:
         if logs.is_dir() and any(logs.iterdir()):  # the actors' own output says more
             exc.logs = logs  # type: ignore[attr-defined]
         raise
+    except Exception as exc:  # not one of agentrl's own failures: said in one line, the traceback kept in a file
+        raise _unexpected(exc, controller.run_dir.logs) from exc
     print(
         f"done: {summary.steps} steps, weight version {summary.version}, {summary.samples_trained} samples trained, "
         f"{summary.dropped_stale} dropped as stale, {summary.infra_failures} infra failures, "
@@ -139,6 +144,34 @@ def _train(args: argparse.Namespace, hooks: Sequence[Any] = ()) -> int:
     if summary.ended_early:
         print(f"ended early: {summary.ended_early}")
     return 0
+
+
+def error_in_words(exc: BaseException) -> str:
+    """``exc`` in one line: the last line of its text when that already names an exception type
+    (a Ray task error carries the remote traceback, whose last line is ``SomeError: message``),
+    otherwise ``TypeName: last line`` (at most 300 characters of it)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    last = lines[-1][:300] if lines else ""
+    if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Exit)\b.*:", last):
+        return last
+    return f"{type(exc).__name__}: {last}" if last else type(exc).__name__
+
+
+def _unexpected(exc: BaseException, logs: Path) -> AgentRLError:
+    """An :class:`AgentRLError` for ``exc``, an exception agentrl did not expect (a bug, a broken
+    installation, user code failing at import): one line in words; the full traceback goes to
+    ``logs/traceback.txt`` (where it could not be written, the message says so)."""
+    text = "".join(traceback.format_exception(exc))
+    try:
+        logs.mkdir(parents=True, exist_ok=True)
+        (logs / "traceback.txt").write_text(text)
+        where = f"the full traceback is in {logs / 'traceback.txt'}"
+    except OSError as write_error:
+        where = f"its traceback could not be written to {logs} ({write_error})"
+    err = AgentRLError(f"the run stopped on an unexpected error: {error_in_words(exc)} ({where}). "
+                       "Rerun the same command to go on from the newest checkpoint, if the run wrote one")
+    err.logs = logs  # type: ignore[attr-defined]
+    return err
 
 
 def _eval(args: argparse.Namespace, hooks: Sequence[Any] = ()) -> int:

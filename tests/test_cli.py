@@ -65,3 +65,32 @@ def test_version_names_the_installed_distribution(capsys):
         main(["--version"])
     assert exc.value.code == 0
     assert capsys.readouterr().out.strip() == f"agentrl {version('agentrl')}"
+
+
+def test_an_unexpected_error_in_a_run_is_one_line_in_words_and_its_traceback_a_file(tmp_path, monkeypatch, capsys):
+    """A failure agentrl did not expect (here: user code's ImportError raised out of the run, as a
+    Ray task error would carry it) exits 2 with one ``agentrl: error:`` line, never a traceback on
+    the console; the traceback is kept in the run's logs/traceback.txt."""
+    from agentrl.engine import controller
+
+    def broken_run(self):
+        raise ImportError("cannot import name 'GenerateFn' from 'agentrl.engine.common.interfaces'")
+
+    monkeypatch.setattr(controller.Controller, "run", broken_run)
+    run_dir = tmp_path / "run"
+    status = main(["train", str(REPO / "recipes/tiny_calc.toml"), "--set", f"run_dir={str(run_dir)!r}"])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert "Traceback" not in err
+    assert "agentrl: error: the run stopped on an unexpected error: ImportError: cannot import name 'GenerateFn'" in err
+    saved = (run_dir / "logs" / "traceback.txt").read_text()
+    assert "Traceback (most recent call last)" in saved and "broken_run" in saved
+
+
+def test_error_in_words_takes_the_remote_tracebacks_last_line():
+    from agentrl.cli import error_in_words
+
+    remote = RuntimeError("ray::RolloutWorker.process_id()\n  File \"x.py\", line 3, in <module>\n    import y\nImportError: no module y\n")
+    assert error_in_words(remote) == "ImportError: no module y"
+    assert error_in_words(ValueError("bad value")) == "ValueError: bad value"
+    assert error_in_words(KeyError()) == "KeyError"
