@@ -1,12 +1,13 @@
 """``agentrl train recipes/smol_retool.toml``, reduced, on SmolLM2-135M-Instruct (the real
 pretrained model, tied embeddings): a short SFT warm-up on the tool-integrated math
-demonstrations, then RL of ``agentrl/MathTool-v0`` on systems of two equations
-(``synthetic:system``, whose demonstrated solution imports sympy in the sandbox). The run trains
-every step with checkpoints, prunes its published versions, runs sympy in the sandbox, and
-evaluates in distribution and out of it (``eval.sets.ood``) with ReTool's measurements of tool
-use, which ``agentrl report`` shows. Then ``agentrl export`` of the last checkpoint, served by
-vLLM's OpenAI server, answers a chat completion and stops at the end of its turn (the generation
-config's EOS). One SmolLM2 run checks all of it: a second start-up costs about two minutes.
+demonstrations (8 steps of 4 conversations), then RL of ``agentrl/MathTool-v0`` on systems of
+two equations (``synthetic:system``, whose demonstrated solution imports sympy in the sandbox).
+The run trains every step with checkpoints, prunes its published versions, runs sympy in the
+sandbox, and evaluates in distribution and out of it (``eval.sets.ood``) with ReTool's
+measurements of tool use, which ``agentrl report`` shows. Then ``agentrl export`` of the last
+checkpoint, served by vLLM's OpenAI server, answers a chat completion and stops at the end of its
+turn (the generation config's EOS). One SmolLM2 run checks all of it: a second start-up costs
+about two minutes.
 
 SIGKILL mid-run and resume are checked on the tiny model, by the append-only audit
 (test_resume_e2e.py; test_ppo_e2e.py and test_lora_e2e.py resume the critic and adapters). The
@@ -34,7 +35,7 @@ TOOL_USE = ("tool_call_rate", "tool_calls_mean", "tool_error_rate", "tool_error_
 def _cmd(run_dir, model) -> list[str]:
     return train_command(
         str(REPO / "recipes" / "smol_retool.toml"), str(run_dir), str(model),
-        'data.source="synthetic:system"', "sft.steps=8", "sft.batch_size=8", "sft.lr=2e-4", "sft.num_examples=64",
+        'data.source="synthetic:system"', "sft.steps=8", "sft.batch_size=4", "sft.lr=2e-4", "sft.num_examples=64",
         "learner.max_steps=3", "learner.batch_size=8", "rollout.max_concurrent_episodes=8",
         "eval.limit=4", "eval.sets.ood.limit=2", "eval.every_steps=0", "eval.samples=4",
         "checkpoint.every_steps=1", "checkpoint.keep=1",
