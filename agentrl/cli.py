@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.errors import AgentRLError
+from agentrl.errors import AgentRLError, one_line
 
 
 def train_command(recipe: str, run_dir: str, model: str, *overrides: str) -> list[str]:
@@ -147,14 +147,12 @@ def _train(args: argparse.Namespace, hooks: Sequence[Any] = ()) -> int:
 
 
 def error_in_words(exc: BaseException) -> str:
-    """``exc`` in one line: the last line of its text when that already names an exception type
-    (a Ray task error carries the remote traceback, whose last line is ``SomeError: message``),
-    otherwise ``TypeName: last line`` (at most 300 characters of it)."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    last = lines[-1][:300] if lines else ""
-    if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Exit)\b.*:", last):
-        return last
-    return f"{type(exc).__name__}: {last}" if last else type(exc).__name__
+    """``exc`` in one line (:func:`agentrl.errors.one_line`: a Ray task error's remote traceback
+    gives its last ``SomeError: message`` line), prefixed with its type unless it names one."""
+    line = one_line(str(exc), 300)
+    if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Exit)\b.*:", line):
+        return line
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
 
 
 def _unexpected(exc: BaseException, logs: Path) -> AgentRLError:

@@ -37,6 +37,10 @@ ordinary sandbox result (``ExecResult`` with ``exit_code != 0``, ``timed_out`` o
 
 from __future__ import annotations
 
+import re
+
+_NAMES_AN_EXCEPTION = re.compile(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b(\(\w+\))?:")
+
 
 class AgentRLError(Exception):
     """Base class of every error agentrl raises on purpose."""
@@ -139,3 +143,18 @@ class WeightSyncError(InfraError):
 
 class TimeoutError_(InfraError, TimeoutError):
     """A wait ran past its deadline. Also a builtin :class:`TimeoutError`."""
+
+
+def one_line(text: str, limit: int = 200) -> str:
+    """An error's text in one line of at most ``limit`` characters, for a console line or an
+    event: for a traceback (Python's, or the remote one a Ray error carries) its last line that
+    names an exception (``ValueError: boom``); otherwise the first non-empty line (Ray's
+    "The actor died unexpectedly before finishing this task." rather than the actor ids below it)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    if len(lines) > 1 and any(line.startswith("Traceback (most recent call last)") or line.startswith("File \"") for line in lines):
+        named = [line for line in lines if _NAMES_AN_EXCEPTION.match(line)]
+        if named:
+            return named[-1][:limit]
+    return lines[0][:limit]

@@ -27,7 +27,7 @@ from agentrl.engine.loop.run_state import RunState
 from agentrl.engine.loop.staleness import RefillRound, StalenessQueue
 from agentrl.engine.common.summary import RunSummary
 from agentrl.engine.common.trajectory import AGENT_FAILURE, Trajectory
-from agentrl.errors import InfraError
+from agentrl.errors import InfraError, one_line
 
 __all__ = ["MAX_PROMPT_ATTEMPTS", "Outcome", "PromptLedger"]
 
@@ -121,10 +121,10 @@ class PromptLedger:
         if group and not error:
             error = failed[0].info.get("error", "") or failed[0].status
         what = "in the agent program" if group and agent_failed == len(group) else "on infrastructure"
-        self.last_error = f"group {gid} failed {what} ({error[:200]})"
+        self.last_error = f"group {gid} failed {what} ({one_line(error)})"
         self.lost_in_a_row += 0 if actor_replaced else 1
         if self.lost_in_a_row > self.max_lost_in_a_row:
-            raise InfraError(f"rollout keeps failing ({self.lost_in_a_row} groups lost in a row); last: {error[:300]}")
+            raise InfraError(f"rollout keeps failing ({self.lost_in_a_row} groups lost in a row); last: {one_line(error, 300)}")
         self.attempts[idx] += 1
         if self.attempts[idx] < self.max_attempts:
             self.retry.append(idx)

@@ -24,3 +24,20 @@ def test_a_group_lost_to_its_agent_is_counted_as_agent_failures_and_reissued():
     state = ledger.snapshot(0, StalenessQueue(batch_size=2, group_size=2, max_staleness=1), [])
     restored = PromptLedger.restore(state, StalenessQueue(batch_size=2, group_size=2, max_staleness=1), num_rows=4, group_size=2)
     assert (restored.agent_failures, restored.infra_failures) == (2, 1)
+
+
+RAY_ACTOR_DIED = ("The actor died unexpectedly before finishing this task.\n\tclass_name: RolloutWorker\n"
+                  "\tactor_id: 5f1c0e\n\tpid: 4242\n\tnamespace: agentrl\n\tip: 127.0.0.1\n"
+                  "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR")
+AGENT_TRACEBACK = "Traceback (most recent call last):\n  File \"agent.py\", line 9, in run\n    1 / 0\nZeroDivisionError: division by zero\n"
+
+
+def test_a_lost_groups_line_is_one_line_of_the_error_not_rays_paragraph_or_a_traceback():
+    ledger = PromptLedger(num_rows=4, group_size=2)
+    ledger.issue("k")
+    ledger.finish("k", [], error=f"RayActorError: {RAY_ACTOR_DIED}")
+    assert ledger.last_error == "group p0 failed on infrastructure (RayActorError: The actor died unexpectedly before finishing this task.)"
+    ledger.issue("k2")
+    ledger.finish("k2", [episode("agent_failure", 0), episode("agent_failure", 1)], error=AGENT_TRACEBACK)
+    assert ledger.last_error.endswith("failed in the agent program (ZeroDivisionError: division by zero)")
+    assert "\n" not in ledger.last_error
