@@ -34,10 +34,17 @@ class GeneratorRouter:
         self.generate_timeout_s = generate_timeout_s
 
     def set_generators(self, generators: list[Any]) -> None:
-        """Replace the generator handles (after a restart); groups in flight keep theirs."""
-        if len(generators) != len(self.generators):
-            self.outstanding = [0] * len(generators)
+        """Replace the generator handles (after a restart); groups in flight keep theirs. The
+        outstanding counts of the generators that remain are kept (their requests still run); a
+        new generator starts at 0, and a count whose generator is gone is dropped."""
+        n = len(generators)
+        self.outstanding = self.outstanding[:n] + [0] * max(0, n - len(self.outstanding))
         self.generators = list(generators)
+
+    def _release(self, index: int, tokens: int) -> None:
+        """Stop counting ``tokens`` on generator ``index`` (nothing when it is no longer in the set)."""
+        if index < len(self.outstanding):
+            self.outstanding[index] = max(0, self.outstanding[index] - tokens)
 
     def pick(self) -> int:
         """Index of the generator with the fewest outstanding tokens from this worker (ties: the
@@ -52,7 +59,7 @@ class GeneratorRouter:
         try:
             yield
         finally:
-            self.outstanding[index] -= tokens
+            self._release(index, tokens)
 
     def generate_fn(self, index: int) -> GenerateFn:
         """A bounded ``generate`` on generator ``index``: its load counted while it runs; a call
@@ -75,6 +82,6 @@ class GeneratorRouter:
             except Exception as exc:  # a dead Ray actor, a lost connection
                 raise GeneratorError(f"generator {index} call failed: {type(exc).__name__}: {exc}") from exc
             finally:
-                self.outstanding[index] -= load
+                self._release(index, load)
 
         return generate
