@@ -8,8 +8,11 @@ formats, so that code-interpreter RL and text-only RL start from the same SFT bu
   the code is ours). Imperfect on purpose: a share answers without code (a guess with one digit
   changed), a share first writes code that fails and then fixes it (the recovery ReTool
   measures), and a share copies the interpreter's value into ``\\boxed{}`` with a digit changed.
-- :func:`text_demonstrations`: the same problems for ``agentrl/Math-v0``: the answer in
-  ``\\boxed{}``, no tool.
+- :func:`text_demonstrations`: the same problems for ``agentrl/Math-v0``, solved in words, step
+  by step, without a tool (:func:`solution_steps`: the common denominator, the two price changes,
+  the partial products of a long multiplication, elimination in a system), then the answer in
+  ``\\boxed{}``. Imperfect in the same shares as the tool ones: some answer at once with a wrong
+  guess, some copy the last value wrongly into ``\\boxed{}``.
 
 The problems are ``synthetic:math`` rows drawn with ``seed + 7919`` (other problems than the
 default training rows, from the same templates).
@@ -17,12 +20,14 @@ default training rows, from the same templates).
 
 from __future__ import annotations
 
+import math
 import random
 import re
+from fractions import Fraction
 from typing import Any
 
 
-__all__ = ["boxed", "solution_code", "text_demonstrations", "tool_demonstrations"]
+__all__ = ["boxed", "solution_code", "solution_steps", "text_demonstrations", "tool_demonstrations"]
 
 
 def boxed(answer: str) -> str:
@@ -127,14 +132,74 @@ def tool_demonstrations(
     return anyio.run(main)
 
 
-def text_demonstrations(n: int, seed: int = 0) -> list[list[dict[str, str]]]:
-    """``n`` Math-v0 conversations on the same problems as :func:`tool_demonstrations`: the
-    answer, correct, in ``\\boxed{}``."""
+def _frac(value: Fraction) -> str:
+    """``value`` as written in a solution: ``12``, ``-7/4``."""
+    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+
+
+def solution_steps(row: dict[str, Any]) -> str:
+    """A worked solution of ``row`` (a ``synthetic:math`` row with its ``template``) in words,
+    each step's arithmetic exact, ending at the row's answer (without ``\\boxed{}``)."""
+    q, template = row["question"], row["template"]
+    if template == "fractions":
+        expr = re.fullmatch(r"Compute (.+?)\..*", q).group(1)  # type: ignore[union-attr]
+        terms = [(int(p), int(d)) for p, d in re.findall(r"(\d+)/(\d+)", expr)]
+        signs = re.findall(r" ([+-]) ", expr)
+        lcm = math.lcm(*(d for _, d in terms))
+        scaled = [p * (lcm // d) for p, d in terms]
+        total = scaled[0] + sum(v if sign == "+" else -v for sign, v in zip(signs, scaled[1:]))
+        value = Fraction(total, lcm)
+        over = ", ".join(f"{p}/{d} = {v}/{lcm}" for (p, d), v in zip(terms, scaled))
+        combined = f"{scaled[0]} " + " ".join(f"{sign} {v}" for sign, v in zip(signs, scaled[1:]))
+        reduced = f" = {_frac(value)}" if value.denominator != lcm else ""
+        return f"Over the common denominator {lcm}: {over}. Then {combined} = {total}, so the result is {total}/{lcm}{reduced}."
+    if template == "percent":
+        price, up, down = (int(v) for v in re.findall(r"\d+", q)[:3])
+        raised = price * Fraction(100 + up, 100)
+        final = raised * Fraction(100 - down, 100)
+        return (f"Raised by {up}%: {price} * {100 + up}/100 = {_frac(raised)}. "
+                f"Lowered by {down}%: {_frac(raised)} * {100 - down}/100 = {_frac(final)}.")
+    if template == "large":
+        a, b, c = (int(v) for v in re.fullmatch(r"Compute (\d+)\*(\d+) - (\d+)\.", q).groups())  # type: ignore[union-attr]
+        parts = [int(d) * 10 ** i for i, d in enumerate(reversed(str(b))) if d != "0"][::-1]
+        products = [a * p for p in parts]
+        return (f"{a} * {b} = " + " + ".join(f"{a} * {p}" for p in parts) + " = " + " + ".join(str(v) for v in products)
+                + f" = {a * b}. Then {a * b} - {c} = {a * b - c}.")
+    if template == "system":
+        m = re.fullmatch(r"Solve the system (-?\d+)x ([+-]) (\d+)y = (-?\d+) and (-?\d+)x ([+-]) (\d+)y = (-?\d+)\. What is (.+)\?", q)
+        a, sb, b, e, c, sd, d, f, asked = m.groups()  # type: ignore[union-attr]
+        a, b, e, c, d, f = int(a), int(b) * (1 if sb == "+" else -1), int(e), int(c), int(d) * (1 if sd == "+" else -1), int(f)
+        det = a * d - b * c
+        x = Fraction(e * d - b * f, det)
+        y = (f - c * x) / d if d else (e - a * x) / b
+        value = x + 2 * y if asked == "x + 2y" else x * y
+        def n(v: int) -> str:  # a factor: negatives in parentheses
+            return f"({v})" if v < 0 else str(v)
+
+        return (f"Eliminate y: ({n(a)}*{n(d)} - {n(b)}*{n(c)}) x = {n(e)}*{n(d)} - {n(b)}*{n(f)}, so {det} x = {e * d - b * f} and x = {_frac(x)}. "
+                f"Then y = {_frac(y)}, and {asked} = {_frac(value)}.")
+    raise ValueError(f"no worked solution for template {template!r}")
+
+
+def text_demonstrations(
+    n: int, seed: int = 0, *, p_direct: float = 0.2, p_copy_error: float = 0.2,
+) -> list[list[dict[str, str]]]:
+    """``n`` Math-v0 conversations on the same problems as :func:`tool_demonstrations`. With
+    probability ``p_direct`` the assistant answers at once with a wrong guess; otherwise it
+    solves step by step (:func:`solution_steps`) and answers, copying the value wrongly with
+    probability ``p_copy_error``: the same shares as the tool demonstrations."""
     from agentrl.envs.math_envs import MATH_PROMPT
     from agentrl.envs.math_tasks import MATH_TASKS
 
-    return [
-        [{"role": "system", "content": MATH_PROMPT}, {"role": "user", "content": row["question"]},
-         {"role": "assistant", "content": f"The answer is {boxed(row['answer'])}."}]
-        for row in MATH_TASKS["math"](n, seed + 7919)
-    ]
+    rng = random.Random(seed)
+    convs = []
+    for row in MATH_TASKS["math"](n, seed + 7919):
+        answer = row["answer"]
+        if rng.random() < p_direct:
+            reply = f"The answer is {boxed(_wrong(answer, rng))}."
+        else:
+            copied = _wrong(answer, rng) if rng.random() < p_copy_error else answer
+            reply = f"{solution_steps(row)} So the answer is {boxed(copied)}."
+        convs.append([{"role": "system", "content": MATH_PROMPT}, {"role": "user", "content": row["question"]},
+                      {"role": "assistant", "content": reply}])
+    return convs
