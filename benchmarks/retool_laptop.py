@@ -16,8 +16,12 @@ README (the same block):
   per episode, code error rate, recovery rate, response tokens); the whole command's wall-clock;
 - the goal's three differences: tool minus text at the end (in and out of distribution), and the
   tool arm's gain over its SFT start;
-- ``docs/img/retool_laptop.png``: accuracy against RL step and against RL wall-clock (evaluation
-  time excluded), tool against text, in distribution (solid) and out of it (dashed).
+- ``docs/img/retool_laptop.png`` (with ``--write``; otherwise ``retool_laptop.png`` beside the
+  runs): accuracy against RL step and against RL wall-clock (evaluation time excluded), tool
+  against text, in distribution (solid) and out of it (dashed).
+
+A run that fails is reported and the others go on (each takes about an hour); nothing is written
+until every run has finished (rerun with ``--reuse`` to read the finished ones again).
 
 With 96 in-distribution and 64 out-of-distribution problems per evaluation, one seed's accuracy is
 noisy by about +-5 and +-6 points (one standard error near 0.5): read the seed spread beside the
@@ -154,20 +158,30 @@ def main() -> None:
     started = time.time()
     out = ROOT / args.out
     runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
+    failed: list[str] = []
     for seed in (int(s) for s in args.seeds.split(",") if s.strip()):
         for arm in arms:
-            runs[arm].append(run_arm(arm, seed, out, args.overrides, args.reuse))
-    figure(runs, FIGURE)
+            try:
+                runs[arm].append(run_arm(arm, seed, out, args.overrides, args.reuse))
+            except SystemExit as exc:  # one run's failure does not throw away the others (hours each)
+                failed.append(f"{arm} seed {seed}: {exc}")
+                print(f"{arm} seed {seed} FAILED: {exc}", flush=True)
+    if failed:
+        raise SystemExit("not written: these runs failed (the others are kept under "
+                         f"{out}; rerun with --reuse once they are fixed):\n  " + "\n  ".join(failed))
+    figure_path = FIGURE if args.write else out / FIGURE.name  # the docs' figure only with --write
+    figure(runs, figure_path)
+    shown = figure_path.relative_to(ROOT) if figure_path.is_relative_to(ROOT) else figure_path
     lines = [run_header(started), "",
              f"Each run is the whole recipe from the pretrained model (SFT warm-up, then RL); seeds {args.seeds}, run "
              f"interleaved; runs in `{args.out}`{' with ' + ' '.join(args.overrides) if args.overrides else ''}. "
-             f"Figure: `{FIGURE.relative_to(ROOT)}`.", "", *report(runs)]
+             f"Figure: `{shown}`.", "", *report(runs)]
     text = "\n".join(lines)
     emit(text, "retool_laptop", args.write, section="ReTool on a laptop")
     if args.write:
         write_block("retool_laptop", text, path=str(ROOT / "README.md"), section="ReTool on a laptop")
         print("written to the 'retool_laptop' block of README.md")
-    print(f"figure: {FIGURE}")
+    print(f"figure: {figure_path}")
     for arm, rs in runs.items():
         for r in rs:
             print(f"{arm}: {r['run_dir']} (report: .venv/bin/agentrl report {r['run_dir']})")
