@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import sys
 import threading
@@ -36,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.errors import AgentRLError, one_line
+from agentrl.errors import AgentRLError, exception_in_words
 
 
 def train_command(recipe: str, run_dir: str, model: str, *overrides: str) -> list[str]:
@@ -146,15 +145,6 @@ def _train(args: argparse.Namespace, hooks: Sequence[Any] = ()) -> int:
     return 0
 
 
-def error_in_words(exc: BaseException) -> str:
-    """``exc`` in one line (:func:`agentrl.errors.one_line`: a Ray task error's remote traceback
-    gives its last ``SomeError: message`` line), prefixed with its type unless it names one."""
-    line = one_line(str(exc), 300)
-    if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Exit)\b.*:", line):
-        return line
-    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
-
-
 def _unexpected(exc: BaseException, logs: Path) -> AgentRLError:
     """An :class:`AgentRLError` for ``exc``, an exception agentrl did not expect (a bug, a broken
     installation, user code failing at import): one line in words; the full traceback goes to
@@ -166,7 +156,7 @@ def _unexpected(exc: BaseException, logs: Path) -> AgentRLError:
         where = f"the full traceback is in {logs / 'traceback.txt'}"
     except OSError as write_error:
         where = f"its traceback could not be written to {logs} ({write_error})"
-    err = AgentRLError(f"the run stopped on an unexpected error: {error_in_words(exc)} ({where}). "
+    err = AgentRLError(f"the run stopped on an unexpected error: {exception_in_words(exc)} ({where}). "
                        "Rerun the same command to go on from the newest checkpoint, if the run wrote one")
     err.logs = logs  # type: ignore[attr-defined]
     return err

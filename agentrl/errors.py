@@ -158,3 +158,12 @@ def one_line(text: str, limit: int = 200) -> str:
         if named:
             return named[-1][:limit]
     return lines[0][:limit]
+
+
+def exception_in_words(exc: BaseException, limit: int = 300) -> str:
+    """``exc`` in one line (:func:`one_line` of its text: a Ray task error's remote traceback gives
+    its last ``SomeError: message`` line), prefixed with its type unless the line names one."""
+    line = one_line(str(exc), limit)
+    if _NAMES_AN_EXCEPTION.match(line):
+        return line
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__

@@ -88,7 +88,7 @@ def test_an_unexpected_error_in_a_run_is_one_line_in_words_and_its_traceback_a_f
 
 
 def test_error_in_words_takes_the_remote_tracebacks_last_line():
-    from agentrl.cli import error_in_words
+    from agentrl.errors import exception_in_words as error_in_words
 
     remote = RuntimeError("ray::RolloutWorker.process_id()\n  File \"x.py\", line 3, in <module>\n    import y\nImportError: no module y\n")
     assert error_in_words(remote) == "ImportError: no module y"
