@@ -132,14 +132,11 @@ def tool_demonstrations(
     return anyio.run(main)
 
 
-def _frac(value: Fraction) -> str:
-    """``value`` as written in a solution: ``12``, ``-7/4``."""
-    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
-
-
 def solution_steps(row: dict[str, Any]) -> str:
     """A worked solution of ``row`` (a ``synthetic:math`` row with its ``template``) in words,
     each step's arithmetic exact, ending at the row's answer (without ``\\boxed{}``)."""
+    from agentrl.envs.math_tasks import exact
+
     q, template = row["question"], row["template"]
     if template == "fractions":
         expr = re.fullmatch(r"Compute (.+?)\..*", q).group(1)  # type: ignore[union-attr]
@@ -151,14 +148,14 @@ def solution_steps(row: dict[str, Any]) -> str:
         value = Fraction(total, lcm)
         over = ", ".join(f"{p}/{d} = {v}/{lcm}" for (p, d), v in zip(terms, scaled))
         combined = f"{scaled[0]} " + " ".join(f"{sign} {v}" for sign, v in zip(signs, scaled[1:]))
-        reduced = f" = {_frac(value)}" if value.denominator != lcm else ""
+        reduced = f" = {exact(value)}" if value.denominator != lcm else ""
         return f"Over the common denominator {lcm}: {over}. Then {combined} = {total}, so the result is {total}/{lcm}{reduced}."
     if template == "percent":
         price, up, down = (int(v) for v in re.findall(r"\d+", q)[:3])
         raised = price * Fraction(100 + up, 100)
         final = raised * Fraction(100 - down, 100)
-        return (f"Raised by {up}%: {price} * {100 + up}/100 = {_frac(raised)}. "
-                f"Lowered by {down}%: {_frac(raised)} * {100 - down}/100 = {_frac(final)}.")
+        return (f"Raised by {up}%: {price} * {100 + up}/100 = {exact(raised)}. "
+                f"Lowered by {down}%: {exact(raised)} * {100 - down}/100 = {exact(final)}.")
     if template == "large":
         a, b, c = (int(v) for v in re.fullmatch(r"Compute (\d+)\*(\d+) - (\d+)\.", q).groups())  # type: ignore[union-attr]
         parts = [int(d) * 10 ** i for i, d in enumerate(reversed(str(b))) if d != "0"][::-1]
@@ -176,8 +173,8 @@ def solution_steps(row: dict[str, Any]) -> str:
         def n(v: int) -> str:  # a factor: negatives in parentheses
             return f"({v})" if v < 0 else str(v)
 
-        return (f"Eliminate y: ({n(a)}*{n(d)} - {n(b)}*{n(c)}) x = {n(e)}*{n(d)} - {n(b)}*{n(f)}, so {det} x = {e * d - b * f} and x = {_frac(x)}. "
-                f"Then y = {_frac(y)}, and {asked} = {_frac(value)}.")
+        return (f"Eliminate y: ({n(a)}*{n(d)} - {n(b)}*{n(c)}) x = {n(e)}*{n(d)} - {n(b)}*{n(f)}, so {det} x = {e * d - b * f} and x = {exact(x)}. "
+                f"Then y = {exact(y)}, and {asked} = {exact(value)}.")
     raise ValueError(f"no worked solution for template {template!r}")
 
 

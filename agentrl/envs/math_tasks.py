@@ -33,7 +33,7 @@ from typing import Any
 
 from agentrl.errors import DataError
 
-__all__ = ["HELD_OUT_EVERY", "MATH_TASKS", "in_split", "math_rows"]
+__all__ = ["HELD_OUT_EVERY", "MATH_TASKS", "exact", "in_split", "math_rows"]
 
 HELD_OUT_EVERY = 5
 """One question in this many (by its CRC-32) belongs to the held-out splits, the rest to ``train``."""
@@ -50,7 +50,8 @@ def in_split(question: str, split: str) -> bool:
     return held_out != (split == "train")
 
 
-def _fmt(value: Fraction) -> str:
+def exact(value: Fraction) -> str:
+    """``value`` as a row's answer is written: ``12``, ``-7/4``."""
     return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
 
 
@@ -121,7 +122,7 @@ def _check(task: str, question: str, check: str, value: Fraction) -> None:
     else:
         ok = sympy.sympify(check, rational=True) == sympy.Rational(value.numerator, value.denominator)
     if not ok:
-        raise DataError(f"synthetic:{task}: the generated answer {_fmt(value)!r} of {question!r} is wrong (sympy: {check})")
+        raise DataError(f"synthetic:{task}: the generated answer {exact(value)!r} of {question!r} is wrong (sympy: {check})")
 
 
 _IN: dict[str, Template] = {"fractions": _fractions, "percent": _percent, "large": _large, "system": _system}
@@ -146,7 +147,7 @@ def math_rows(templates: dict[str, Template], wide: bool, name: str, n: int, see
             continue
         _check(name, question, check, value)
         seen.add(question)
-        rows.append({"question": question, "answer": _fmt(value), "task": name, "template": key})
+        rows.append({"question": question, "answer": exact(value), "task": name, "template": key})
     return rows
 
 
