@@ -140,8 +140,10 @@ def test_a_run_directory_holding_the_model_is_never_moved(tmp_path):
     assert rd.root.is_dir() and not _aside(tmp_path)
 
 
-class _StopAfterTheStartPlan(Exception):
-    """Raised where the run would prepare its model: the start plan has run by then."""
+class _StopAfterTheStartPlan(BaseException):
+    """Raised where the run would prepare its model: the start plan has run by then. A
+    BaseException, as KeyboardInterrupt is, so that it leaves ``agentrl train`` as itself: the CLI
+    turns any ``Exception`` it did not expect into one ``agentrl: error:`` line."""
 
 
 @pytest.mark.parametrize("flag", ["--fresh", "--resume-from"])
