@@ -59,10 +59,35 @@ _E2E_DIR = Path(__file__).parent / "e2e"
 _current: dict[str, pytest.Item] = {}
 
 
+# Under pytest-xdist (the quick tier runs on every core: ./scripts/test.sh --quick), the tests that
+# share one costly thing stay on one worker (`--dist loadgroup`): every test on a local Ray (two
+# workers' Rays would each ask for both cores and start 5-7 s each), and each session-built model
+# (built once per worker that asks for it). Every other test goes to whichever worker is free.
+_XDIST_GROUPS = (("ray", ("ray_local",)), ("tiny_calc_model", ("tiny_calc_model", "tiny_llm")),
+                 ("smol_model", ("smol_model",)))
+
+
+def xdist_group_of(item: pytest.Item) -> str | None:
+    """The xdist group a test must share a worker with: "ray" for a test on a local Ray (it asks
+    for ``ray_local`` or is marked ray), else the name of the session-built model it uses, else
+    None (any worker)."""
+    if item.get_closest_marker("ray") is not None:
+        return "ray"
+    names = set(getattr(item, "fixturenames", ()))
+    for group, fixtures in _XDIST_GROUPS:
+        if names.intersection(fixtures):
+            return group
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    grouped = config.pluginmanager.hasplugin("xdist") and bool(getattr(config.option, "numprocesses", None))
     for item in items:
         if _E2E_DIR in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.e2e)
+        group = xdist_group_of(item) if grouped else None
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)
