@@ -32,6 +32,7 @@ from agentrl.engine.training.learner_group import LearnerGroup
 from agentrl.engine.loop.ledger import PromptLedger
 from agentrl.engine.loop.loop import LoopHook, RLLoop
 from agentrl.engine.loop.rollout_failover import RolloutFailover
+from agentrl.engine.loop.sandbox_watch import SandboxWatch
 from agentrl.engine.metrics import MetricsLogger
 from agentrl.engine.prepare import prepare_model
 from agentrl.engine.loop.publishing import WeightPublisher
@@ -326,6 +327,8 @@ class Controller:
             max_restarts=r.rollout.max_restarts, log=log,
         )
 
+        hooks = [*self.hooks, SandboxWatch(log=log)] if r.sandbox.type is not None else self.hooks
+
         async def run(at: RunState | None) -> RLLoop:
             queue = StalenessQueue(**wiring.queue_kwargs(r))
             kwargs = wiring.ledger_kwargs(r, len(rows))
@@ -335,7 +338,7 @@ class Controller:
             loop = RLLoop(
                 rows=rows, queue=queue, ledger=ledger, fleet=fleet, publisher=publisher, learners=learners,
                 batch=wiring.batch_settings(r), settings=wiring.loop_settings(r), log=log, run_dir=rd,
-                checkpoint=checkpointer.save, evaluate=evaluator, version=at.version if at is not None else 0, hooks=self.hooks,
+                checkpoint=checkpointer.save, evaluate=evaluator, version=at.version if at is not None else 0, hooks=hooks,
                 critic=critic_stage, rollout_failover=rollout_failover, reward_actors=self.reward_slots,
             )
             await loop.run()

@@ -225,9 +225,16 @@ class FakeWorker:
         self.episodes: list[Trajectory] = []
         """Every episode played, in order."""
         self._turn = 0
+        self.sandbox_replaced = 0
+        """What :meth:`sandbox_stats` says as ``workers_replaced`` (a test raises it to play a
+        sandbox worker that died and was replaced)."""
 
     def ping(self) -> bool:
         return True
+
+    def sandbox_stats(self) -> dict[str, int]:
+        """As the rollout worker's: a stand-in process id (this object's) and ``workers_replaced``."""
+        return {"pid": id(self), "workers_replaced": self.sandbox_replaced}
 
     def set_generators(self, generators: list[Any]) -> None:
         self.generators = list(generators)

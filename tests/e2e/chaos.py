@@ -43,7 +43,7 @@ RESTART_METRIC: dict[str, str | None] = {
     "generator-load": "generator_restarts",
     "learner": "learner_restarts",
     "rollout-worker": "rollout_worker_restarts",
-    "sandbox-worker": None,  # the pool replaces its worker before the next request; no run event
+    "sandbox-worker": "sandbox_worker_restarts",  # when the pool finds it dead (the next execution on it), said after that step
     "critic": "critic_restarts",
 }
 """The ``metrics.jsonl`` event counter a replacement of each kind adds to (None: not an event)."""

@@ -120,6 +120,17 @@ class RolloutWorker:
 
         return os.getpid()
 
+    def sandbox_stats(self) -> dict[str, int]:
+        """This worker's process id (``pid``) and its sandbox's counters since it started (a
+        bubblewrap sandbox's :class:`~agentrl.sandbox.bubblewrap.PoolStats`, e.g.
+        ``workers_replaced``); only the pid for a sandbox that keeps none, or no sandbox."""
+        import dataclasses
+        import os
+
+        stats = getattr(self.runner.sandbox, "stats", None)
+        counters = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) and not isinstance(stats, type) else {}
+        return {"pid": os.getpid(), **{k: int(v) for k, v in counters.items()}}
+
     def set_generators(self, generators: list[Any]) -> None:
         """Replace the generator handles (after a restart); groups in flight keep theirs."""
         self.router.set_generators(generators)
