@@ -28,15 +28,13 @@ __all__ = ["Assembly", "GenerationParts"]
 
 
 class GenerationParts:
-    """The generation side of a run, built together: the :class:`WeightVersions`, the fleet that
-    replaces generators from them, the publisher that makes new versions, and the run's rollout
-    workers (``workers``: the fleet's own list, empty until they start)."""
+    """The generation side of a run, built together over one :class:`WeightVersions`: the fleet
+    that replaces generators from those versions (its ``workers`` is the run's list of rollout
+    workers, empty until they start) and the publisher that makes new versions."""
 
-    def __init__(self, versions: WeightVersions, fleet: GeneratorFleet, publisher: WeightPublisher, workers: list[Any]) -> None:
-        self.versions = versions
+    def __init__(self, fleet: GeneratorFleet, publisher: WeightPublisher) -> None:
         self.fleet = fleet
         self.publisher = publisher
-        self.workers = workers
 
 
 class Assembly:
@@ -116,8 +114,9 @@ class Assembly:
         return self._shared
 
     def generation(self, model: str, tokenizer: str, learners: LearnerGroup, log: MetricsLogger) -> GenerationParts:
-        """The generators serving ``model`` (tokenizer ``tokenizer``; not yet started), their
-        weight versions (written by ``learners``) and publisher, and the run's worker list."""
+        """The generators serving ``model`` (tokenizer ``tokenizer``; not yet started), with the
+        run's (empty) worker list, and their publisher, over one set of weight versions (written
+        by ``learners``)."""
         r = self.recipe
         g = r.generator
         shared = self._shared_placement()
@@ -128,17 +127,16 @@ class Assembly:
             return new_actor(spec.cls, options, *spec.args, **spec.kwargs)
 
         versions = WeightVersions(learners=learners, run_dir=self.run_dir, log=log, weight_sync=g.weight_sync)
-        workers: list[Any] = []
         fleet = GeneratorFleet(
             factory=factory, settings=wiring.engine_settings(r, model=model, tokenizer=tokenizer), count=wiring.generator_count(r),
-            log=log, timeout_s=g.timeout_s, startup_timeout_s=g.startup_timeout_s, weights=versions, workers=workers,
+            log=log, timeout_s=g.timeout_s, startup_timeout_s=g.startup_timeout_s, weights=versions,
         )
         publisher = WeightPublisher(
             fleet=fleet, learners=learners, run_dir=self.run_dir, log=log, weight_sync=g.weight_sync,
             sync_timeout_s=g.weight_sync_timeout_s, workers_per_generator=g.tensor_parallel_size,
             dtype=r.model.dtype, keep_versions=r.learner.keep_versions, versions=versions,
         )
-        return GenerationParts(versions, fleet, publisher, workers)
+        return GenerationParts(fleet, publisher)
 
     def rollout_worker(self, index: int, *, generators: list[Any], tokenizer: str, reward_actors: dict[str, Any]) -> Any:
         """Rollout worker ``index`` (a Ray actor, ``rollout-<index>`` logs) on ``generators``,
