@@ -117,6 +117,7 @@ def test_the_evaluator_writes_as_many_decoded_episodes_as_asked_with_turns_and_t
     import anyio
 
     from agentrl.engine.episodes.rollout import RolloutWorker
+    from agentrl.engine.episodes.runner import EpisodeSettings
     from agentrl.engine.loop.evaluation import Evaluator
     from agentrl.engine.metrics import MetricsLogger
     from agentrl.engine.testing import ScriptedGenerator, local_actor
@@ -127,9 +128,11 @@ def test_the_evaluator_writes_as_many_decoded_episodes_as_asked_with_turns_and_t
     tok = load_tokenizer(str(tiny_calc_model))
     gen = ScriptedGenerator(tok, lambda prompt, s: "\\boxed{7}" if prompt.count("<interpreter>") >= 2 else "<code>3+4</code>")  # the system prompt names it once
     worker = RolloutWorker(
-        model=str(tiny_calc_model), env_id="agentrl/Calc-v0", env_kwargs={"sandbox": FakeSandbox()}, sandbox_kind=None,
-        sandbox_kwargs={}, generators=[gen], sampling={}, max_new_tokens=16, max_episode_tokens=512,
-        max_concurrent_episodes=4, generate_timeout_s=10, seed=0,
+        episodes=EpisodeSettings(
+            tokenizer=str(tiny_calc_model), env_id="agentrl/Calc-v0", env_kwargs={"sandbox": FakeSandbox()}, sandbox_kind=None,
+            sandbox_kwargs={}, sampling={}, max_new_tokens=16, max_episode_tokens=512, seed=0,
+        ),
+        generators=[gen], max_concurrent_episodes=4, generate_timeout_s=10,
     )
     handle = local_actor(worker, "rollout-0")
     rows = load_rows("synthetic:calc", split="test", limit=6)

@@ -50,7 +50,7 @@ max_batch_size = 8
     assert wiring.judge_actors(r, tmp_path) == []  # ...and its own generators
     spec = wiring.reward_model_actor(r, tmp_path)
     assert spec.args == ("runs/models/rm",) and spec.kwargs["max_batch_size"] == 8 and spec.kwargs["device"] == "cpu"
-    assert wiring.worker_kwargs(r, tokenizer="tok", run_dir=tmp_path)["reward"] == kw["reward"]
+    assert wiring.worker_kwargs(r, tokenizer="tok", run_dir=tmp_path)["scoring"].reward == kw["reward"]
     # the reward model's CPU is counted in the local cluster
     assert wiring.ray_init_kwargs(r)["num_cpus"] == wiring.ray_init_kwargs(recipe(tmp_path))["num_cpus"] + 1
 

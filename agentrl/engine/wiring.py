@@ -14,10 +14,12 @@ from typing import Any, Literal
 from agentrl.config import Recipe
 from agentrl.engine.common.audit import episodes_audit_path, learner_audit_path
 from agentrl.engine.common.sampling import Sampling
+from agentrl.engine.episodes.runner import EpisodeSettings
 from agentrl.engine.loop.batching import BatchSettings, no_signal_reason
 from agentrl.engine.loop.critic_stage import GaeSettings
 from agentrl.engine.generation.generator import EngineSettings
 from agentrl.engine.loop.loop import LoopSettings
+from agentrl.engine.rewards.scoring_bundle import ScoringSettings
 from agentrl.engine.training.lora import LoraSettings, vllm_max_lora_rank
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "critic_kwargs",
     "gae_settings",
     "engine_settings",
+    "episode_settings",
     "generator_actor",
     "generator_count",
     "learner_kwargs",
@@ -43,6 +46,7 @@ __all__ = [
     "reward_kwargs",
     "reward_model_actor",
     "rollout_sampling",
+    "scoring_settings",
     "sleep_level",
     "worker_kwargs",
 ]
@@ -234,32 +238,48 @@ def rollout_sampling(recipe: Recipe) -> Sampling:
 
 def worker_kwargs(recipe: Recipe, *, tokenizer: str, run_dir: Path) -> dict[str, Any]:
     """Keyword arguments of every rollout worker (:class:`agentrl.engine.episodes.rollout.RolloutWorker`)
-    except ``generators``."""
+    except ``generators`` and the reward actors' handles: ``episodes`` (:func:`episode_settings`),
+    ``scoring`` (:func:`scoring_settings`), ``max_concurrent_episodes``, ``generate_timeout_s``
+    and ``audit_path`` (the run's episode audit log in ``run_dir``)."""
+    r = recipe
+    return {
+        "episodes": episode_settings(r, tokenizer=tokenizer),
+        "scoring": scoring_settings(r),
+        "max_concurrent_episodes": r.rollout.max_concurrent_episodes,
+        "generate_timeout_s": r.generator.timeout_s,
+        "audit_path": str(episodes_audit_path(run_dir)),
+    }
+
+
+def episode_settings(recipe: Recipe, *, tokenizer: str) -> EpisodeSettings:
+    """What the rollout workers' episodes are (``[env]``, ``[sandbox]``, ``[rollout]``, the seed),
+    with the policy's ``tokenizer``; an episode is bounded by the generator's ``max_model_len`` too."""
     r = recipe
     ro = r.rollout
-    return {
-        "model": tokenizer,
-        "env_id": r.env.id,
-        "env_kwargs": r.env.kwargs,
-        "sandbox_kind": r.sandbox.type,
-        "sandbox_kwargs": {
+    return EpisodeSettings(
+        tokenizer=tokenizer,
+        env_id=r.env.id,
+        env_kwargs=r.env.kwargs,
+        sandbox_kind=r.sandbox.type,
+        sandbox_kwargs={
             "max_concurrency": r.sandbox.max_concurrency,
             "timeout_s": r.sandbox.timeout_s,
             "memory_mb": r.sandbox.memory_mb,
             **({"preload": r.sandbox.preload} if r.sandbox.preload is not None else {}),
         },
-        "sampling": rollout_sampling(r),
-        "max_new_tokens": ro.max_new_tokens,
-        "max_episode_tokens": min(ro.max_episode_tokens, r.generator.max_model_len),
-        "max_concurrent_episodes": ro.max_concurrent_episodes,
-        "generate_timeout_s": r.generator.timeout_s,
-        "seed": r.seed,
-        "audit_path": str(episodes_audit_path(run_dir)),
-        "seed_sampling": ro.seed_sampling,
+        sampling=rollout_sampling(r),
+        max_new_tokens=ro.max_new_tokens,
+        max_episode_tokens=min(ro.max_episode_tokens, r.generator.max_model_len),
+        seed=r.seed,
+        seed_sampling=ro.seed_sampling,
         **({"agent": r.env.agent, "agent_model": r.env.agent_model, "agent_max_calls": r.env.agent_max_calls,
             "agent_timeout_s": r.env.agent_timeout_s} if r.env.agent else {}),
-        **reward_kwargs(r),
-    }
+    )
+
+
+def scoring_settings(recipe: Recipe) -> ScoringSettings:
+    """The rollout workers' model-based rewards (``[reward]``; :func:`reward_kwargs` are its fields)."""
+    return ScoringSettings(**reward_kwargs(recipe))
 
 
 def batch_settings(recipe: Recipe) -> BatchSettings:
@@ -370,9 +390,10 @@ def lora_settings(recipe: Recipe) -> LoraSettings:
 
 
 def reward_kwargs(recipe: Recipe) -> dict[str, Any]:
-    """The rollout workers' model-based reward arguments (``[reward]``; none when the reward is the
-    environment's alone): ``reward`` (:class:`~agentrl.engine.rewards.scoring.RewardSettings`, with
-    the reward functions of ``reward.functions``), ``judge``
+    """The fields of the rollout workers' :class:`~agentrl.engine.rewards.scoring_bundle.ScoringSettings`
+    that the recipe sets (``[reward]``; none when the reward is the environment's alone): ``reward``
+    (:class:`~agentrl.engine.rewards.scoring.RewardSettings`, with the reward functions of
+    ``reward.functions``), ``judge``
     (:class:`~agentrl.engine.rewards.judge.JudgeSettings`) and ``judge_tokenizer`` (a separate judge
     model's). The actor handles (``judge_generators``, ``reward_model``) are the controller's."""
     from agentrl.engine.rewards.judge import JudgeSettings

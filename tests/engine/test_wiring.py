@@ -46,8 +46,9 @@ def test_engine_settings_pass_tensor_parallelism_and_limits_through():
 def test_worker_kwargs_bound_episodes_by_the_model_length(tmp_path):
     r = recipe(rollout={"max_episode_tokens": 4096}, generator={"max_model_len": 1024}, sandbox={"type": "bubblewrap", "preload": ["math"]})
     w = wiring.worker_kwargs(r, tokenizer="/t", run_dir=tmp_path)
-    assert w["max_episode_tokens"] == 1024 and w["model"] == "/t"
-    assert w["sandbox_kind"] == "bubblewrap" and w["sandbox_kwargs"]["preload"] == ["math"]
+    e = w["episodes"]
+    assert e.max_episode_tokens == 1024 and e.tokenizer == "/t"
+    assert e.sandbox_kind == "bubblewrap" and e.sandbox_kwargs["preload"] == ["math"]
     assert w["audit_path"] == str(tmp_path / "audit" / "episodes.jsonl")
     assert "generators" not in w
 

@@ -16,11 +16,10 @@ from typing import Any
 import anyio
 
 from agentrl.engine.common.audit import AuditLog
-from agentrl.engine.common.sampling import Sampling
 from agentrl.engine.common.trajectory import Trajectory
 from agentrl.engine.episodes.routing import GeneratorRouter
-from agentrl.engine.episodes.runner import EpisodeRunner
-from agentrl.engine.rewards.scoring_bundle import ScoringBundle
+from agentrl.engine.episodes.runner import EpisodeRunner, EpisodeSettings
+from agentrl.engine.rewards.scoring_bundle import ScoringBundle, ScoringSettings
 
 __all__ = ["RolloutWorker"]
 
@@ -28,77 +27,39 @@ __all__ = ["RolloutWorker"]
 class RolloutWorker:
     """Plays groups of episodes concurrently against one environment type (or one agent program).
 
-    Its keyword arguments are what :func:`agentrl.engine.wiring.worker_kwargs` gives (and the
-    reward actors' handles); the worker hands each to the part it belongs to: ``generators`` and
-    ``generate_timeout_s`` to the router; the environment, sandbox, sampling, budgets, seed and
-    agent to the runner; ``reward``, ``judge``, ``judge_tokenizer``, ``judge_generators`` and
-    ``reward_model`` to the scoring bundle.
+    Its keyword arguments are what :func:`agentrl.engine.wiring.worker_kwargs` gives, the
+    generators and the reward actors' handles; the worker hands each to the part it belongs to:
+    ``generators`` and ``generate_timeout_s`` to the router, ``episodes`` to the runner,
+    ``scoring``, ``judge_generators`` and ``reward_model`` to the scoring bundle.
     """
 
     def __init__(
         self,
         *,
-        model: str,
-        env_id: str,
-        env_kwargs: dict[str, Any],
-        sandbox_kind: str | None,
-        sandbox_kwargs: dict[str, Any],
+        episodes: EpisodeSettings,
+        scoring: ScoringSettings | None = None,
         generators: list[Any],
-        sampling: Sampling | dict[str, Any],
-        max_new_tokens: int,
-        max_episode_tokens: int,
-        max_concurrent_episodes: int,
         generate_timeout_s: float,
-        seed: int,
+        max_concurrent_episodes: int,
         audit_path: str | None = None,
-        seed_sampling: bool = True,
-        agent: str | None = None,
-        agent_model: str = "policy",
-        agent_max_calls: int = 32,
-        agent_timeout_s: float = 600.0,
-        reward: Any = None,
-        judge: Any = None,
-        judge_tokenizer: str | None = None,
         judge_generators: list[Any] | None = None,
         reward_model: Any = None,
     ) -> None:
-        """``model``: the policy's tokenizer (a folder or hub id). ``sampling``: how every turn
-        samples, the run's :class:`~agentrl.engine.common.sampling.Sampling` (or its vLLM
-        ``SamplingParams`` arguments as a dict). ``sandbox_kind``, ``sandbox_kwargs``: the
-        worker's sandbox (:func:`agentrl.sandbox.create_sandbox`; None: none). ``audit_path``:
-        append one record per finished episode to this append-only file (see
-        :mod:`agentrl.engine.common.audit`); None writes none. ``agent``: ``"module:function"``
-        of an agent program to play instead of the environment ``env_id`` (see
-        :class:`~agentrl.engine.episodes.runner.EpisodeRunner` for the rest). Model-based rewards
-        (:mod:`agentrl.engine.rewards.scoring`): ``reward``, a
-        :class:`~agentrl.engine.rewards.scoring.RewardSettings` (None: the environment's reward
-        alone); ``judge``, a :class:`~agentrl.engine.rewards.judge.JudgeSettings` (None: no judge)
-        whose prompts are tokenised with ``judge_tokenizer`` (None: the policy's) and sent to
-        ``judge_generators`` (None: the policy's own generators); ``reward_model``, a
+        """``episodes``: what the episodes are (environment or agent, sandbox, sampling, budgets,
+        seed, the policy's tokenizer; see :class:`~agentrl.engine.episodes.runner.EpisodeSettings`).
+        ``scoring``: the model-based rewards
+        (:class:`~agentrl.engine.rewards.scoring_bundle.ScoringSettings`; None: the environment's
+        reward alone). ``generators``: the policy's generator handles, each call bounded by
+        ``generate_timeout_s`` seconds. ``max_concurrent_episodes``: episodes of this worker
+        running at once at most. ``audit_path``: append one record per finished episode to this
+        append-only file (see :mod:`agentrl.engine.common.audit`); None writes none.
+        ``judge_generators``: a separate judge model's generator handles (None: the judge asks the
+        policy's own generators); ``reward_model``: a
         :class:`~agentrl.engine.rewards.reward_model.RewardModelServer` handle (None: none)."""
-        from agentrl.models.loading import load_tokenizer
-
-        tokenizer = load_tokenizer(model)
-        sandbox = None
-        if sandbox_kind is not None:
-            from agentrl.sandbox import create_sandbox
-
-            sandbox = create_sandbox(sandbox_kind, **sandbox_kwargs)
-        loaded_agent = None
-        if agent is not None:
-            from agentrl.agents import load_agent
-
-            loaded_agent = load_agent(agent)
         self.router = GeneratorRouter(generators, generate_timeout_s=generate_timeout_s)
-        self.runner = EpisodeRunner(
-            tokenizer=tokenizer, env_id=env_id, env_kwargs=env_kwargs, sandbox=sandbox,
-            sampling=sampling.params() if isinstance(sampling, Sampling) else dict(sampling),
-            max_new_tokens=max_new_tokens, max_episode_tokens=max_episode_tokens, seed=seed, seed_sampling=seed_sampling,
-            agent=loaded_agent, agent_model=agent_model, agent_max_calls=agent_max_calls, agent_timeout_s=agent_timeout_s,
-        )
-        self.scoring = ScoringBundle(
-            reward=reward, judge=judge, tokenizer=tokenizer,
-            judge_tokenizer=load_tokenizer(judge_tokenizer) if judge is not None and judge_tokenizer else None,
+        self.runner = EpisodeRunner.from_settings(episodes)
+        self.scoring = ScoringBundle.from_settings(
+            scoring if scoring is not None else ScoringSettings(), tokenizer=self.runner.tokenizer,
             judge_generators=judge_generators, reward_model=reward_model,
         )
         self.limiter = anyio.CapacityLimiter(max_concurrent_episodes)

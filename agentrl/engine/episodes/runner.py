@@ -3,19 +3,61 @@
 (:mod:`agentrl.engine.episodes.agent_episode`), and owns what they run on: the environment's
 construction, the worker's sandbox, the agent gateway and its HTTP client.
 
-It knows nothing of generators (it is given a ``generate``) nor of scoring.
+It knows nothing of generators (it is given a ``generate``) nor of scoring. What it plays comes
+as :class:`EpisodeSettings`, plain values that :func:`agentrl.engine.wiring.episode_settings`
+reads from the recipe; :meth:`EpisodeRunner.from_settings` loads what they name.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 from agentrl.engine.common.trajectory import Trajectory
 from agentrl.engine.common.interfaces import GenerateFn
+from agentrl.engine.common.sampling import Sampling
 from agentrl.engine.episodes.env_episode import episode_seed, play_episode
 
-__all__ = ["EpisodeRunner"]
+__all__ = ["EpisodeRunner", "EpisodeSettings"]
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    """What a rollout worker's episodes are, as plain values (picklable: they travel to the
+    worker's Ray actor, which loads what they name with :meth:`EpisodeRunner.from_settings`)."""
+
+    tokenizer: str
+    """The policy's tokenizer, a folder or hub id (the worker's scoring bundle shares it)."""
+    env_id: str
+    """The environment every episode plays (:func:`agentrl.envs.make_env`); unused with ``agent``."""
+    env_kwargs: dict[str, Any]
+    """Arguments of each episode's environment (the worker's sandbox is added as ``sandbox``
+    unless they name one)."""
+    sandbox_kind: str | None
+    """The worker's sandbox, shared by its episodes (:func:`agentrl.sandbox.create_sandbox`; None: none)."""
+    sandbox_kwargs: dict[str, Any]
+    """Arguments of that sandbox."""
+    sampling: Sampling | dict[str, Any]
+    """How every turn samples: the run's :class:`~agentrl.engine.common.sampling.Sampling`, or its
+    vLLM ``SamplingParams`` arguments as a dict."""
+    max_new_tokens: int
+    """New tokens of one turn at most."""
+    max_episode_tokens: int
+    """Tokens of one episode at most (prompt, turns and tool results)."""
+    seed: int
+    """The run's seed; with ``seed_sampling`` every turn's sampling seed derives from it
+    (:func:`~agentrl.engine.episodes.env_episode.episode_seed`)."""
+    seed_sampling: bool = True
+    """Seed every turn's sampling (False: vLLM's own randomness)."""
+    agent: str | None = None
+    """``"module:function"`` of an agent program to play instead of the environment (None: the environment)."""
+    agent_model: str = "policy"
+    """The model name the agent gateway serves the policy under."""
+    agent_max_calls: int = 32
+    """Model calls of one agent episode at most."""
+    agent_timeout_s: float = 600.0
+    """Seconds one agent episode may take."""
 
 
 class EpisodeRunner:
@@ -53,6 +95,31 @@ class EpisodeRunner:
         self.gateway: Any = None
         self._http: Any = None
         self._gateway_lock = asyncio.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: EpisodeSettings) -> EpisodeRunner:
+        """The runner of ``settings``, with what they name loaded: the tokenizer, the sandbox
+        (created, not yet started) and the agent program."""
+        from agentrl.models.loading import load_tokenizer
+
+        s = settings
+        tokenizer = load_tokenizer(s.tokenizer)
+        sandbox = None
+        if s.sandbox_kind is not None:
+            from agentrl.sandbox import create_sandbox
+
+            sandbox = create_sandbox(s.sandbox_kind, **s.sandbox_kwargs)
+        agent = None
+        if s.agent is not None:
+            from agentrl.agents import load_agent
+
+            agent = load_agent(s.agent)
+        return cls(
+            tokenizer=tokenizer, env_id=s.env_id, env_kwargs=s.env_kwargs, sandbox=sandbox,
+            sampling=s.sampling.params() if isinstance(s.sampling, Sampling) else dict(s.sampling),
+            max_new_tokens=s.max_new_tokens, max_episode_tokens=s.max_episode_tokens, seed=s.seed, seed_sampling=s.seed_sampling,
+            agent=agent, agent_model=s.agent_model, agent_max_calls=s.agent_max_calls, agent_timeout_s=s.agent_timeout_s,
+        )
 
     async def ready(self) -> None:
         """Start what a group's episodes need before they run: the agent gateway and its HTTP

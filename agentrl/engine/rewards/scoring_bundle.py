@@ -1,15 +1,16 @@
 """A rollout worker's scoring bundle: everything it needs to add the model-based rewards to its
 groups, and nothing else of the worker.
 
-The settings come from the recipe through :func:`agentrl.engine.wiring.reward_kwargs`
-(``reward``, ``judge``, ``judge_tokenizer``); the handles of the reward actors (a separate judge's
-generators, the reward model) come from the controller and are replaced in-run
+The settings come from the recipe as :class:`ScoringSettings`
+(:func:`agentrl.engine.wiring.scoring_settings`); the handles of the reward actors (a separate
+judge's generators, the reward model) come from the controller and are replaced in-run
 (:mod:`agentrl.engine.rewards.reward_actors`). :meth:`ScoringBundle.scorer` gives each group its
 :class:`~agentrl.engine.rewards.scoring.EpisodeScorer`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from agentrl.engine.common.interfaces import GenerateFn
@@ -17,7 +18,21 @@ from agentrl.engine.rewards.functions import RewardFunction
 from agentrl.engine.rewards.judge import JudgeSettings, LLMJudge
 from agentrl.engine.rewards.scoring import EpisodeScorer, RewardSettings
 
-__all__ = ["ScoringBundle"]
+__all__ = ["ScoringBundle", "ScoringSettings"]
+
+
+@dataclass(frozen=True)
+class ScoringSettings:
+    """A rollout worker's model-based rewards, as plain values (picklable: they travel to the
+    worker's Ray actor, which builds its bundle with :meth:`ScoringBundle.from_settings`). The
+    defaults score with the environment's reward alone."""
+
+    reward: RewardSettings | None = None
+    """The weights of the reward's parts and the reward functions (None: the environment's reward alone)."""
+    judge: JudgeSettings | None = None
+    """The LLM judge's settings (None: no judge)."""
+    judge_tokenizer: str | None = None
+    """A separate judge model's tokenizer, a folder or hub id, for the judge's prompts (None: the policy's)."""
 
 
 class ScoringBundle:
@@ -46,6 +61,23 @@ class ScoringBundle:
         self.reward_model = reward_model
         self.functions: list[RewardFunction] = [RewardFunction(f) for f in reward.functions] if reward is not None else []
         """The loaded reward functions of ``reward.functions``."""
+
+    @classmethod
+    def from_settings(
+        cls, settings: ScoringSettings, *, tokenizer: Any, judge_generators: list[Any] | None = None, reward_model: Any = None,
+    ) -> ScoringBundle:
+        """The bundle of ``settings`` with the policy's ``tokenizer`` and the reward actors'
+        handles (see the class); a separate judge's tokenizer is loaded here when there is a judge."""
+        s = settings
+        judge_tokenizer = None
+        if s.judge is not None and s.judge_tokenizer:
+            from agentrl.models.loading import load_tokenizer
+
+            judge_tokenizer = load_tokenizer(s.judge_tokenizer)
+        return cls(
+            reward=s.reward, judge=s.judge, tokenizer=tokenizer, judge_tokenizer=judge_tokenizer,
+            judge_generators=judge_generators, reward_model=reward_model,
+        )
 
     def set_judge_generators(self, generators: list[Any]) -> None:
         """Replace a separate judge's generator handles (after one was replaced); groups being

@@ -16,7 +16,7 @@ from agentrl.sandbox.testing import FakeSandbox
 
 def test_one_sampling_reaches_the_learner_and_the_rollout_workers(tmp_path):
     r = validate_recipe({"model": {"path": "unused"}, "rollout": {"temperature": 0.7, "top_p": 0.9, "stop": ["</x>"]}})
-    sampling = wiring.worker_kwargs(r, tokenizer="/t", run_dir=tmp_path)["sampling"]
+    sampling = wiring.worker_kwargs(r, tokenizer="/t", run_dir=tmp_path)["episodes"].sampling
     assert sampling == wiring.rollout_sampling(r) == Sampling(temperature=0.7, top_p=0.9, stop=("</x>",))
     assert wiring.learner_kwargs(r, model="/m", tokenizer=None, run_dir=tmp_path)["temperature"] == sampling.temperature
     assert sampling.params() == {"temperature": 0.7, "top_p": 0.9, "stop": ["</x>"]}
@@ -33,6 +33,7 @@ def test_sampling_refuses_what_the_learner_cannot_match():
 
 def test_a_rollout_worker_given_the_sampling_generates_with_it(tiny_calc_model):
     from agentrl.engine.episodes.rollout import RolloutWorker
+    from agentrl.engine.episodes.runner import EpisodeSettings
     from agentrl.models.loading import load_tokenizer
 
     tok = load_tokenizer(str(tiny_calc_model))
@@ -48,9 +49,12 @@ def test_a_rollout_worker_given_the_sampling_generates_with_it(tiny_calc_model):
 
     gen = RecordingGen()
     worker = RolloutWorker(
-        model=str(tiny_calc_model), env_id="agentrl/Calc-v0", env_kwargs={"sandbox": FakeSandbox()},
-        sandbox_kind=None, sandbox_kwargs={}, generators=[gen], sampling=Sampling(temperature=0.7, top_p=0.9),
-        max_new_tokens=16, max_episode_tokens=512, max_concurrent_episodes=2, generate_timeout_s=10, seed=0,
+        episodes=EpisodeSettings(
+            tokenizer=str(tiny_calc_model), env_id="agentrl/Calc-v0", env_kwargs={"sandbox": FakeSandbox()},
+            sandbox_kind=None, sandbox_kwargs={}, sampling=Sampling(temperature=0.7, top_p=0.9),
+            max_new_tokens=16, max_episode_tokens=512, seed=0,
+        ),
+        generators=[gen], max_concurrent_episodes=2, generate_timeout_s=10,
     )
     anyio.run(worker.run_group, {"question": "Compute 12*34+5.", "answer": "413"}, 0, "g", 2)
     assert len(gen.params) == 2

@@ -16,6 +16,7 @@ from agentrl.engine.episodes.agent_episode import play_agent_episode, reward_of
 from agentrl.engine.loop.batching import BatchSettings, batch_samples
 from agentrl.engine.episodes.gateway import Gateway
 from agentrl.engine.episodes.rollout import RolloutWorker
+from agentrl.engine.episodes.runner import EpisodeSettings
 from agentrl.engine.testing import ScriptedGenerator
 from agentrl.envs.calc import sample_texts
 from agentrl.errors import AgentError, ConfigError
@@ -45,9 +46,12 @@ def test_the_calc_agent_plays_a_group_through_the_worker_with_its_tool_in_the_sa
 
     gen = ScriptedGenerator(AutoTokenizer.from_pretrained(tok_dir), solver)
     worker = RolloutWorker(
-        model=tok_dir, env_id="unused", env_kwargs={}, sandbox_kind="unsafe-local", sandbox_kwargs={}, generators=[gen],
-        sampling={"temperature": 1.0, "top_p": 1.0, "stop": ["</code>"]}, max_new_tokens=64, max_episode_tokens=512,
-        max_concurrent_episodes=8, generate_timeout_s=30, seed=3, agent="agentrl.envs.calc_agent:calc_agent")
+        episodes=EpisodeSettings(
+            tokenizer=tok_dir, env_id="unused", env_kwargs={}, sandbox_kind="unsafe-local", sandbox_kwargs={},
+            sampling={"temperature": 1.0, "top_p": 1.0, "stop": ["</code>"]}, max_new_tokens=64, max_episode_tokens=512,
+            seed=3, agent="agentrl.envs.calc_agent:calc_agent",
+        ),
+        generators=[gen], max_concurrent_episodes=8, generate_timeout_s=30)
 
     async def main():
         try:

@@ -150,6 +150,7 @@ def test_sandbox_failure_is_infra_failure(tok_with_template):
 def test_routing_least_outstanding_tokens_with_group_affinity(tiny_calc_model):
     """Two slow fake generators: concurrent groups spread over both, each group stays on one."""
     from agentrl.engine.episodes.rollout import RolloutWorker
+    from agentrl.engine.episodes.runner import EpisodeSettings
 
     tok = load_tokenizer(str(tiny_calc_model))
 
@@ -165,9 +166,11 @@ def test_routing_least_outstanding_tokens_with_group_affinity(tiny_calc_model):
 
     gens = [SlowGen("a"), SlowGen("b")]
     worker = RolloutWorker(
-        model=str(tiny_calc_model), env_id="agentrl/Calc-v0", env_kwargs={"sandbox": FakeSandbox()},
-        sandbox_kind=None, sandbox_kwargs={}, generators=gens, sampling={}, max_new_tokens=16,
-        max_episode_tokens=512, max_concurrent_episodes=16, generate_timeout_s=10, seed=0,
+        episodes=EpisodeSettings(
+            tokenizer=str(tiny_calc_model), env_id="agentrl/Calc-v0", env_kwargs={"sandbox": FakeSandbox()},
+            sandbox_kind=None, sandbox_kwargs={}, sampling={}, max_new_tokens=16, max_episode_tokens=512, seed=0,
+        ),
+        generators=gens, max_concurrent_episodes=16, generate_timeout_s=10,
     )
 
     async def main():

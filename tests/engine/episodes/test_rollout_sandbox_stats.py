@@ -11,6 +11,7 @@ import anyio
 import psutil
 
 from agentrl.engine.episodes.rollout import RolloutWorker
+from agentrl.engine.episodes.runner import EpisodeSettings
 
 
 def _kill_warm_workers() -> int:
@@ -25,9 +26,12 @@ def _kill_warm_workers() -> int:
 
 def test_a_warm_sandbox_worker_killed_from_outside_is_counted_as_replaced(tiny_calc_model):
     worker = RolloutWorker(
-        model=str(tiny_calc_model), env_id="agentrl/Calc-v0", env_kwargs={}, sandbox_kind="bubblewrap",
-        sandbox_kwargs={"max_concurrency": 1, "timeout_s": 20.0, "memory_mb": 512}, generators=[], sampling={},
-        max_new_tokens=16, max_episode_tokens=512, max_concurrent_episodes=1, generate_timeout_s=10, seed=0,
+        episodes=EpisodeSettings(
+            tokenizer=str(tiny_calc_model), env_id="agentrl/Calc-v0", env_kwargs={}, sandbox_kind="bubblewrap",
+            sandbox_kwargs={"max_concurrency": 1, "timeout_s": 20.0, "memory_mb": 512}, sampling={},
+            max_new_tokens=16, max_episode_tokens=512, seed=0,
+        ),
+        generators=[], max_concurrent_episodes=1, generate_timeout_s=10,
     )
     sandbox = worker.runner.sandbox
 

@@ -203,6 +203,8 @@ def test_rollout_worker_judges_with_the_policy_generators_and_evaluation_does_no
     """``judge.model = "policy"``: the judge prompt goes to the generator the group played on;
     evaluation groups (``score=False``) keep the environment's reward alone."""
     from agentrl.engine.episodes.rollout import RolloutWorker
+    from agentrl.engine.episodes.runner import EpisodeSettings
+    from agentrl.engine.rewards.scoring_bundle import ScoringSettings
     from agentrl.sandbox.testing import FakeSandbox
 
     tok = load_tokenizer(str(tiny_calc_model))
@@ -212,10 +214,12 @@ def test_rollout_worker_judges_with_the_policy_generators_and_evaluation_does_no
 
     gen = ScriptedGenerator(tok, script)
     worker = RolloutWorker(
-        model=str(tiny_calc_model), env_id="agentrl/Calc-v0", env_kwargs={"sandbox": FakeSandbox()},
-        sandbox_kind=None, sandbox_kwargs={}, generators=[gen], sampling={}, max_new_tokens=16,
-        max_episode_tokens=512, max_concurrent_episodes=8, generate_timeout_s=10, seed=0,
-        reward=RewardSettings(env_weight=1.0, judge_weight=0.5), judge=SETTINGS,
+        episodes=EpisodeSettings(
+            tokenizer=str(tiny_calc_model), env_id="agentrl/Calc-v0", env_kwargs={"sandbox": FakeSandbox()},
+            sandbox_kind=None, sandbox_kwargs={}, sampling={}, max_new_tokens=16, max_episode_tokens=512, seed=0,
+        ),
+        scoring=ScoringSettings(reward=RewardSettings(env_weight=1.0, judge_weight=0.5), judge=SETTINGS),
+        generators=[gen], max_concurrent_episodes=8, generate_timeout_s=10,
     )
     group = anyio.run(worker.run_group, ROW, 0, "g0", 2)
     assert [t.status for t in group] == ["ok", "ok"]

@@ -25,6 +25,8 @@ TEMPLATE = "Grade this answer to '{question}' (reference {answer}) from 0 to 9.\
 def test_the_policy_generator_judges_its_own_episodes(tiny_calc_model):
     from agentrl.engine.generation.generator import EngineSettings, VllmGenerator
     from agentrl.engine.episodes.rollout import RolloutWorker
+    from agentrl.engine.episodes.runner import EpisodeSettings
+    from agentrl.engine.rewards.scoring_bundle import ScoringSettings
 
     async def main() -> None:
         gen = VllmGenerator(EngineSettings(model=str(tiny_calc_model), max_model_len=512, kv_cache_gib=0.05), timeout_s=120)
@@ -32,10 +34,13 @@ def test_the_policy_generator_judges_its_own_episodes(tiny_calc_model):
         try:
             def worker(judge: JudgeSettings) -> RolloutWorker:
                 return RolloutWorker(
-                    model=str(tiny_calc_model), env_id="agentrl/Calc-v0", env_kwargs={"sandbox": FakeSandbox(), "max_turns": 2},
-                    sandbox_kind=None, sandbox_kwargs={}, generators=[gen], sampling={"temperature": 1.0, "stop": ["</code>"]},
-                    max_new_tokens=24, max_episode_tokens=256, max_concurrent_episodes=8, generate_timeout_s=120, seed=0,
-                    reward=RewardSettings(env_weight=1.0, judge_weight=0.1), judge=judge,
+                    episodes=EpisodeSettings(
+                        tokenizer=str(tiny_calc_model), env_id="agentrl/Calc-v0", env_kwargs={"sandbox": FakeSandbox(), "max_turns": 2},
+                        sandbox_kind=None, sandbox_kwargs={}, sampling={"temperature": 1.0, "stop": ["</code>"]},
+                        max_new_tokens=24, max_episode_tokens=256, seed=0,
+                    ),
+                    scoring=ScoringSettings(reward=RewardSettings(env_weight=1.0, judge_weight=0.1), judge=judge),
+                    generators=[gen], max_concurrent_episodes=8, generate_timeout_s=120,
                 )
 
             # (1) constrained: always a score

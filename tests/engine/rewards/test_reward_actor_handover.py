@@ -10,6 +10,7 @@ import pytest
 
 from agentrl.engine.rewards.judge import JudgeSettings
 from agentrl.engine.rewards.scoring import RewardSettings
+from agentrl.engine.rewards.scoring_bundle import ScoringSettings
 from agentrl.engine.testing import FakeRewardModel, ScriptedGenerator, local_actor
 from agentrl.models.loading import load_tokenizer
 
@@ -19,13 +20,16 @@ JUDGE = JudgeSettings(template="Q: {question}\nA: {response}\nScore 0-10:", time
 
 def _worker(model, tok, **kwargs):
     from agentrl.engine.episodes.rollout import RolloutWorker
+    from agentrl.engine.episodes.runner import EpisodeSettings
     from agentrl.sandbox.testing import FakeSandbox
 
     policy = ScriptedGenerator(tok, lambda prompt, sampling: "\\boxed{413}")
     return RolloutWorker(
-        model=str(model), env_id="agentrl/Calc-v0", env_kwargs={"sandbox": FakeSandbox()}, sandbox_kind=None, sandbox_kwargs={},
-        generators=[policy], sampling={}, max_new_tokens=16, max_episode_tokens=512, max_concurrent_episodes=8,
-        generate_timeout_s=10, seed=0, **kwargs,
+        episodes=EpisodeSettings(
+            tokenizer=str(model), env_id="agentrl/Calc-v0", env_kwargs={"sandbox": FakeSandbox()}, sandbox_kind=None,
+            sandbox_kwargs={}, sampling={}, max_new_tokens=16, max_episode_tokens=512, seed=0,
+        ),
+        generators=[policy], max_concurrent_episodes=8, generate_timeout_s=10, **kwargs,
     )
 
 
@@ -40,10 +44,11 @@ def test_a_dead_reward_actor_fails_the_episodes_in_words_and_its_replacement_sco
 
     first = make()
     if which == "judge":
-        worker = _worker(tiny_calc_model, tok, reward=RewardSettings(judge_weight=0.5), judge=JUDGE, judge_generators=[first])
+        worker = _worker(tiny_calc_model, tok, scoring=ScoringSettings(reward=RewardSettings(judge_weight=0.5), judge=JUDGE),
+                         judge_generators=[first])
         part, scored = "judge_score", 1.0 + 0.5 * 0.6
     else:
-        worker = _worker(tiny_calc_model, tok, reward=RewardSettings(rm_weight=2.0), reward_model=first)
+        worker = _worker(tiny_calc_model, tok, scoring=ScoringSettings(reward=RewardSettings(rm_weight=2.0)), reward_model=first)
         part, scored = "rm_score", 1.0 + 2.0 * 0.5
 
     group = anyio.run(worker.run_group, ROW, 0, "p0", 2)

@@ -232,16 +232,20 @@ def test_rollout_worker_gives_functions_the_conversation_and_evaluation_does_not
     answers) for a function that asks for it; evaluation groups (``score=False``) keep the
     environment's reward alone."""
     from agentrl.engine.episodes.rollout import RolloutWorker
+    from agentrl.engine.episodes.runner import EpisodeSettings
+    from agentrl.engine.rewards.scoring_bundle import ScoringSettings
     from agentrl.sandbox.testing import FakeSandbox
 
     tok = load_tokenizer(str(tiny_calc_model))
     turns = iter(["<code>12*34+5</code>", "\\boxed{413}"] * 10)
     gen = ScriptedGenerator(tok, lambda prompt, s: next(turns))
     worker = RolloutWorker(
-        model=str(tiny_calc_model), env_id="agentrl/Calc-v0", env_kwargs={"sandbox": FakeSandbox()},
-        sandbox_kind=None, sandbox_kwargs={}, generators=[gen], sampling={}, max_new_tokens=16,
-        max_episode_tokens=512, max_concurrent_episodes=1, generate_timeout_s=10, seed=0,
-        reward=RewardSettings(functions=function_specs([("user_rewards:everything", 2.0, 5.0)])),
+        episodes=EpisodeSettings(
+            tokenizer=str(tiny_calc_model), env_id="agentrl/Calc-v0", env_kwargs={"sandbox": FakeSandbox()},
+            sandbox_kind=None, sandbox_kwargs={}, sampling={}, max_new_tokens=16, max_episode_tokens=512, seed=0,
+        ),
+        scoring=ScoringSettings(reward=RewardSettings(functions=function_specs([("user_rewards:everything", 2.0, 5.0)]))),
+        generators=[gen], max_concurrent_episodes=1, generate_timeout_s=10,
     )
     [t] = anyio.run(worker.run_group, ROW, 0, "g0", 1)
     assert t.status == "ok" and t.metrics["fn/everything"] == 0.25 and t.reward == pytest.approx(t.metrics["env_reward"] + 0.5)
@@ -261,12 +265,17 @@ def test_rollout_worker_gives_functions_the_conversation_and_evaluation_does_not
 
 def test_a_rollout_worker_refuses_a_function_that_does_not_load_when_it_starts(tiny_calc_model):
     from agentrl.engine.episodes.rollout import RolloutWorker
+    from agentrl.engine.episodes.runner import EpisodeSettings
+    from agentrl.engine.rewards.scoring_bundle import ScoringSettings
 
     with pytest.raises(ConfigError, match=r"reward.functions\[0\].fn: 'nowhere_xyz:f': cannot import module 'nowhere_xyz'"):
         RolloutWorker(
-            model=str(tiny_calc_model), env_id="agentrl/Calc-v0", env_kwargs={}, sandbox_kind=None, sandbox_kwargs={},
-            generators=[], sampling={}, max_new_tokens=16, max_episode_tokens=512, max_concurrent_episodes=1,
-            generate_timeout_s=10, seed=0, reward=RewardSettings(functions=function_specs([("nowhere_xyz:f", 1.0, 5.0)])),
+            episodes=EpisodeSettings(
+                tokenizer=str(tiny_calc_model), env_id="agentrl/Calc-v0", env_kwargs={}, sandbox_kind=None, sandbox_kwargs={},
+                sampling={}, max_new_tokens=16, max_episode_tokens=512, seed=0,
+            ),
+            scoring=ScoringSettings(reward=RewardSettings(functions=function_specs([("nowhere_xyz:f", 1.0, 5.0)]))),
+            generators=[], max_concurrent_episodes=1, generate_timeout_s=10,
         )
 
 
