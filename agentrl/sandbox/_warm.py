@@ -435,6 +435,17 @@ class WarmPool:
                 self.stats.workers_replaced += 1
             self.discard(worker)
 
+    def reap(self) -> int:
+        """Kill and forget every idle worker whose process is gone (killed from outside between
+        executions, as the OOM killer would); returns how many. Each counts as replaced, as
+        :meth:`ready` counts one it finds dead; the next request launches a new one. Lets the
+        sandbox's counters say a death before the next execution would have found it."""
+        dead = [w for workers in self.idle.values() for w in workers if not w.alive()]
+        for worker in dead:
+            self.stats.workers_replaced += 1
+            self.discard(worker)
+        return len(dead)
+
     def discard(self, worker: WarmWorker) -> None:
         """Kill ``worker`` and forget it (idempotent)."""
         worker.kill()

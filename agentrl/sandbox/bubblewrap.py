@@ -352,6 +352,14 @@ class BubblewrapSandbox(SandboxBase):
         want = self.max_concurrency if workers is None else min(workers, self.max_concurrency)
         await self._pool.start({"full": want, **({"lean": want} if self._router else {})})
 
+    def reap_dead_workers(self) -> int:
+        """Forget the idle warm workers whose process died since they last ran (killed from
+        outside); returns how many. They count in ``stats.workers_replaced``; the next execution
+        gets a fresh worker, as it would have. 0 in per-execution mode or after ``aclose``."""
+        if not self.warm or self._closed:
+            return 0
+        return self._pool.reap()
+
     def session(self, *, memory_mb: int | None = None) -> BubblewrapSession:
         """A notebook-like session (see :class:`agentrl.sandbox.SandboxSession`); root only.
 

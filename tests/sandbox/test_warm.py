@@ -175,6 +175,25 @@ def test_engine_style_construction() -> None:
     arun(cold.aclose)
 
 
+def test_an_idle_worker_killed_from_outside_is_reaped_counted_and_the_next_run_gets_a_fresh_one() -> None:
+    async def go() -> tuple[int, int, int, ExecResult, int]:
+        async with light(max_concurrency=1) as sb:
+            await sb.start()
+            assert (await sb.run("print(1)")).ok
+            nothing = sb.reap_dead_workers()  # every worker alive: nothing to reap
+            kill_worker(sb)  # dies while idle
+            reaped = sb.reap_dead_workers()
+            counted = sb.stats.workers_replaced
+            after = await sb.run("print(2)")
+            return nothing, reaped, counted, after, sb.stats.workers_replaced
+
+    nothing, reaped, counted, after, total = arun(go)
+    assert nothing == 0 and reaped == 1
+    assert counted == 1  # said before any execution found it dead
+    assert after.ok and after.stdout == "2\n", after
+    assert total == 1  # counted once, not again by the next execution
+
+
 @pytest.mark.parametrize("loop", ["asyncio", "trio"])
 def test_cancelled_run_keeps_the_worker(loop: str) -> None:
     async def go() -> tuple[ExecResult, Any]:

@@ -84,10 +84,14 @@ class RolloutWorker:
     def sandbox_stats(self) -> dict[str, int]:
         """This worker's process id (``pid``) and its sandbox's counters since it started (a
         bubblewrap sandbox's :class:`~agentrl.sandbox.bubblewrap.PoolStats`, e.g.
-        ``workers_replaced``); only the pid for a sandbox that keeps none, or no sandbox."""
+        ``workers_replaced``, after it forgot the idle warm workers that died); only the pid for a
+        sandbox that keeps none, or no sandbox."""
         import dataclasses
         import os
 
+        reap = getattr(self.runner.sandbox, "reap_dead_workers", None)
+        if reap is not None:  # a worker killed while idle is counted now, not at its next execution
+            reap()
         stats = getattr(self.runner.sandbox, "stats", None)
         counters = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) and not isinstance(stats, type) else {}
         return {"pid": os.getpid(), **{k: int(v) for k, v in counters.items()}}
