@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from agentrl.envs import pyast
+
 PACKAGE = Path(__file__).resolve().parents[1] / "agentrl"
 
 
@@ -18,7 +20,7 @@ def imports_of(path: Path, modules: set[str], type_checking: bool = False) -> se
     """The agentrl modules ``path`` imports (``from agentrl.x import y`` names module
     ``agentrl.x.y`` when that is a module, else ``agentrl.x``); TYPE_CHECKING blocks excluded
     unless ``type_checking``."""
-    tree = ast.parse(path.read_text())
+    tree = pyast.parse(path.read_text())
     skip: set[int] = set()
     for node in ast.walk(tree):
         if not type_checking and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
@@ -107,7 +109,7 @@ def test_the_cycle_finder_finds_cycles():
 def test_no_module_imports_another_modules_private_names():
     offenders = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(pyast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("agentrl"):
                 offenders += [f"{path.relative_to(PACKAGE.parent)}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
     assert offenders == []

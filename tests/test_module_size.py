@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from agentrl.envs import pyast
+
 PACKAGE = Path(__file__).resolve().parents[1] / "agentrl"
 MAX_LINES = 600
 REASON = "Why one module of this size"
@@ -17,7 +19,7 @@ def oversized(package: Path) -> list[str]:
     for path in sorted(package.rglob("*.py")):
         text = path.read_text()
         lines = text.count("\n")
-        if lines > MAX_LINES and REASON not in (ast.get_docstring(ast.parse(text)) or ""):
+        if lines > MAX_LINES and REASON not in (ast.get_docstring(pyast.parse(text)) or ""):
             out.append(f"{path.relative_to(package.parent)}: {lines} lines")
     return out
 

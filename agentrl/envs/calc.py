@@ -17,6 +17,7 @@ import ast
 import random
 from typing import TYPE_CHECKING, Any
 
+from agentrl.envs import pyast
 from agentrl.envs.base import Message
 from agentrl.envs.parsers import extract_boxed
 from agentrl.envs.tool_env import ToolEnv
@@ -100,14 +101,17 @@ def prepare_code(code: str) -> str:
     it is rewritten to print the expression's ``repr`` unless the value is None (as the Python
     REPL does), so ``<code>347*58+91</code>`` shows ``20217``. Anything else runs unchanged."""
     try:
-        tree = ast.parse(code)
-    except SyntaxError:
+        tree = pyast.parse(code)
+    except (SyntaxError, RecursionError, MemoryError):  # too deep to parse: the interpreter says so
         return code  # the interpreter reports the error to the model
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Expr):
         return code
     if any(isinstance(node, ast.Name) and node.id == "print" for node in ast.walk(tree)):
         return code
-    expr = ast.unparse(tree.body[0].value)
+    try:
+        expr = ast.unparse(tree.body[0].value)
+    except RecursionError:  # nested too deep to write back: it runs as it is
+        return code
     return f"__value = ({expr})\nif __value is not None:\n    print(repr(__value))\n"
 
 

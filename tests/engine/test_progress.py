@@ -7,6 +7,7 @@ from rich.console import Console
 
 from agentrl.engine.metrics import MetricsLogger
 from agentrl.engine.progress import render_step
+from agentrl.envs import pyast
 
 STEP = {
     "step": 7, "version": 7, "reward_mean": 0.625, "gen_tokens_per_s": 812.5, "train_tokens_per_s": 2048.0,
@@ -150,7 +151,7 @@ def _unsafe_console_interpolations(source: str) -> list[str]:
 
     safe_calls = {"escape", "int", "float", "len", "round", "format_eta"}
     out = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(pyast.parse(source)):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "print"
                 and "console" in ast.unparse(node.func.value)):
             continue

@@ -91,6 +91,8 @@ def test_expression_only_code_is_printed() -> None:
     assert prepare_code("x = 2\nx") == "x = 2\nx"
     assert prepare_code("print(3)") == "print(3)"
     assert prepare_code("f(") == "f("
+    for deep in ("+".join(["1"] * 5000), "+".join(["1"] * 1500)):  # too deep to parse; too deep to write back
+        assert prepare_code(deep) == deep
     assert "print(repr(__value))" in prepare_code("'a' + 'b'")
 
 

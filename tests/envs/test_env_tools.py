@@ -256,6 +256,13 @@ def test_with_display_leaves_bad_code_alone() -> None:
     assert with_display("") == ""
 
 
+def test_with_display_leaves_code_too_deep_to_parse_alone() -> None:
+    """A model's 5,000-term sum is too deep for ``ast``: it runs as written (the interpreter
+    reports it), never an error of the environment."""
+    deep = "+".join(["1"] * 5000)
+    assert with_display(deep) == deep
+
+
 def test_truncate_middle() -> None:
     assert truncate_middle("short", 10) == "short"
     cut = truncate_middle("A" * 50 + "B" * 50, 20)

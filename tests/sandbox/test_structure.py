@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from agentrl.envs import pyast
 from agentrl.sandbox import ExecResult, base
 
 from .conftest import BACKENDS, arun, run
@@ -23,7 +24,7 @@ GUEST_LIMITS = PACKAGE / "guest" / "limits.py"
 
 
 def _tree(path: Path) -> ast.Module:
-    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return pyast.parse(path.read_text(encoding="utf-8"), filename=str(path))
 
 
 def _imports(path: Path) -> Iterator[tuple[str, str | None]]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from agentrl.envs import pyast
 from agentrl.envs.parsers import ToolOutput
 from agentrl.envs.tools.protocols import ToolContext, tool_schema
 from agentrl.errors import InfraError, SandboxError, ToolCallError
@@ -41,8 +42,8 @@ def with_display(code: str) -> str:
     wrote. Code that does not parse is returned unchanged (running it reports the syntax error).
     """
     try:
-        tree = ast.parse(code)
-    except SyntaxError:
+        tree = pyast.parse(code)
+    except (SyntaxError, RecursionError, MemoryError):  # too deep to parse: the interpreter says so
         return code
     if not tree.body or not isinstance(tree.body[-1], ast.Expr):
         return code

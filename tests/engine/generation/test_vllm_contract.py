@@ -21,6 +21,7 @@ from pathlib import Path
 import agentrl
 from agentrl.engine.generation.generator import EngineSettings, engine_kwargs
 from agentrl.engine.generation.vllm_worker import RETIE_METHOD, WorkerExtension
+from agentrl.envs import pyast
 
 PACKAGE = Path(agentrl.__file__).parent
 GENERATION = PACKAGE / "engine" / "generation"
@@ -44,7 +45,7 @@ def engine_calls() -> list[Call]:
     """Every ``self.engine.<method>(...)`` in the generation wing."""
     calls = []
     for path in sorted(GENERATION.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(pyast.parse(path.read_text())):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue
             owner = node.func.value
@@ -129,7 +130,7 @@ def test_every_engine_argument_agentrl_builds_is_one():
 def test_every_name_agentrl_imports_from_vllm_exists():
     imported = set()
     for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(pyast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "vllm":
                 imported |= {(node.module, a.name, f"{path.relative_to(PACKAGE)}:{node.lineno}") for a in node.names}
     assert any(m.startswith("vllm.distributed.weight_transfer") for m, _, _ in imported)
