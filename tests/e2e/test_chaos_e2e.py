@@ -1,9 +1,8 @@
 """A short chaos run (issue 37), with the chaos harness's own code (tests/e2e/chaos.py, which
 benchmarks/chaos.py runs 20 times on a random schedule): `agentrl train` on the tiny main job with
-checkpoints every 2 steps; generator 0's process and one warm bubblewrap sandbox worker of the
-rollout worker are SIGKILLed once step 2 is logged, then learner rank 0's and the rollout worker's
-together once step 4 is. The run exits 0 with no traceback, each death is replaced once (one
-event each; the sandbox's is said by the step after it), and the append-only audit logs hold every
+checkpoints every 2 steps; generator 0's process is SIGKILLed once step 2 is logged, then learner
+rank 0's and the rollout worker's together once step 4 is. The run exits 0 with no traceback,
+each death is replaced once (one event each), and the append-only audit logs hold every
 invariant: steps 1..max_steps behind the final weights, no sample trained twice, every trained
 sample from a finished episode, every prompt below the cursor trained or accounted for."""
 
@@ -19,7 +18,7 @@ MAX_STEPS, BATCH, GROUP, STALENESS = 6, 8, 4, 1  # the overrides below; tiny_cal
 
 @pytest.mark.e2e
 @pytest.mark.vllm
-def test_four_kinds_of_sigkill_two_at_once_and_the_run_keeps_its_invariants(tmp_path, tiny_calc_model):
+def test_three_kinds_of_sigkill_two_at_once_and_the_run_keeps_its_invariants(tmp_path, tiny_calc_model):
     run_dir = tmp_path / "run"
     cmd = train_cmd(
         run_dir, tiny_calc_model,
@@ -28,7 +27,7 @@ def test_four_kinds_of_sigkill_two_at_once_and_the_run_keeps_its_invariants(tmp_
         f"learner.max_steps={MAX_STEPS}", f"learner.batch_size={BATCH}", "rollout.max_new_tokens=16",
         "checkpoint.every_steps=2",
     )
-    faults = [Fault("generator", 2), Fault("sandbox-worker", 2), Fault("learner", 4), Fault("rollout-worker", 4)]
+    faults = [Fault("generator", 2), Fault("learner", 4), Fault("rollout-worker", 4)]
     result = run_with_faults(cmd, run_dir, tmp_path / "run.log", faults, seed=0, max_steps=MAX_STEPS, group=GROUP,
                              staleness=STALENESS, batch=BATCH, timeout_s=900)
     assert all(f.pid is not None for f in faults), [(f.kind, f.note) for f in faults]
@@ -37,4 +36,3 @@ def test_four_kinds_of_sigkill_two_at_once_and_the_run_keeps_its_invariants(tmp_
     assert result.restarts["generator_restarts"] == 1, result.restarts
     assert result.restarts["learner_restarts"] == 1, result.restarts
     assert result.restarts["rollout_worker_restarts"] == 1, result.restarts
-    assert result.restarts["sandbox_worker_restarts"] >= 1, result.restarts  # the pool also replaces a worker an execution broke
