@@ -1,12 +1,15 @@
-"""Failover for real, one run that loses three components (issues 33, 37): `agentrl train` on the
-tiny main job with checkpoints and a reward model (the tiny model with a seeded classifier head,
-weight 0: it scores every episode, the reward stays the environment's), the rollout worker's
-process killed with SIGKILL at step 2, the reward model's actor at step 3, then the learner
-rank's process at step 5 (from outside, as the OOM killer would).
+"""Failover for real, one run that loses four components (issues 33, 37): `agentrl train` on the
+tiny main job with checkpoints, a reward model (the tiny model with a seeded classifier head,
+weight 0: it scores every episode, the reward stays the environment's) and a separate frozen
+judge (the tiny model again, on a vLLM engine of its own, weight 0, "Score: N" by structured
+output), the rollout worker's process killed with SIGKILL at step 2, the reward model's actor at
+step 3, the judge generator's actor at step 4, then the learner rank's process at step 5 (from
+outside, as the OOM killer would).
 
 The run replaces the worker with one of the same settings (re-issuing the groups it had in flight),
-replaces the reward model (the episodes it was scoring are infrastructure failures, never a 0),
-and restarts the learner from the newest checkpoint, in the same process, and completes every
+replaces the reward model and the judge generator (the episodes each was scoring are
+infrastructure failures, never a 0), and restarts the learner from the newest checkpoint, in the
+same process, and completes every
 step. Each replacement is one event in metrics.jsonl and one plain console line (no Ray
 traceback). Checked from the learner's and the rollout workers' append-only audit logs, not the
 controller's own account: no sample trained twice, every trained sample from an episode a rollout
@@ -23,10 +26,11 @@ from pathlib import Path
 import pytest
 
 from agentrl.engine.common.audit import episodes_audit_path, learner_audit_path, read_audit
+from tests.e2e.chaos import actor_process
 from tests.e2e.helpers import REPO, actor_pids, check_audit, kill_tree, steps, train_cmd
 
 MAX_STEPS, BATCH, GROUP, STALENESS = 8, 8, 4, 1  # the overrides below; tiny_calc's group size and staleness bound
-WORKER_AT, REWARD_MODEL_AT, LEARNER_AT = 2, 3, 5  # the steps after which the rollout worker, the reward model, the learner are killed
+WORKER_AT, REWARD_MODEL_AT, JUDGE_AT, LEARNER_AT = 2, 3, 4, 5  # the steps after which each is killed
 
 
 def _pids(path: Path) -> list[int]:
@@ -64,6 +68,10 @@ def test_sigkill_of_the_rollout_worker_the_reward_model_then_the_learner_is_surv
         "checkpoint.every_steps=2",
         f"reward.model.path={tiny_calc_model}",
         "reward.model.weight=0.0",
+        f"reward.judge.model={tiny_calc_model}",  # a separate, frozen judge: an engine of its own
+        "reward.judge.weight=0.0",
+        'reward.judge.output_regex="Score: [0-9]"',  # the untrained model always gives a score
+        "reward.judge.max_tokens=8",
     )
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True,
@@ -76,6 +84,10 @@ def test_sigkill_of_the_rollout_worker_the_reward_model_then_the_learner_is_surv
         rm_pids = actor_pids(run_dir, "reward-model")
         assert len(rm_pids) == 1, rm_pids
         os.kill(rm_pids[0], signal.SIGKILL)  # the reward model's actor
+        _wait(proc, log_path, lambda: max(steps(run_dir), default=0) >= JUDGE_AT, f"step {JUDGE_AT}")
+        judge_pid = actor_process(run_dir, "judge-0", set())
+        assert judge_pid is not None, actor_pids(run_dir, "judge-0")
+        os.kill(judge_pid, signal.SIGKILL)  # the judge generator's actor (its vLLM engine core dies with it)
         _wait(proc, log_path, lambda: max(_audit_steps(run_dir), default=0) >= LEARNER_AT, f"learner step {LEARNER_AT}")
         killed_at = max(_audit_steps(run_dir))
         learner_pid = _pids(learner_audit_path(run_dir))[-1]
@@ -106,6 +118,10 @@ def test_sigkill_of_the_rollout_worker_the_reward_model_then_the_learner_is_surv
     # the episodes it was scoring: infrastructure failures in words (samples.jsonl keeps each failed group's first)
     failures = [json.loads(line).get("error", "") for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert any(e.startswith("reward model: the call failed") for e in failures), failures
+    judge_restarts = [r for r in records if r["kind"] == "event" and r.get("judge_generator_restarts")]
+    assert len(judge_restarts) == 1 and judge_restarts[0]["message"].startswith("judge generator 0 died"), events
+    assert sum("judge generator 0 died (" in line for line in output.splitlines()) == 1, output[-5000:]
+    assert any(e.startswith("judge: ") for e in failures), failures  # its episodes: infrastructure failures in words
     learner_restarts = [r for r in records if r["kind"] == "event" and r.get("learner_restarts")]
     assert len(learner_restarts) == 1, events
     assert "learner rank 0 died" in learner_restarts[0]["message"]
