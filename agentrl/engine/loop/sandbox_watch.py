@@ -16,6 +16,7 @@ failover speaks for it).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from agentrl.engine.common.replacement import EventLog
@@ -48,11 +49,13 @@ class SandboxWatch:
     async def check(self, workers: list[Any], *, step: int) -> int:
         """Ask each worker of ``workers`` for its sandbox counters and log the new replacements
         (one event per worker that made any); returns how many were new."""
+        answers = await asyncio.gather(  # all at once: one timeout for the step, not one per worker
+            *[timed(w.sandbox_stats.remote(), self.timeout_s, f"rollout worker {i}'s sandbox counters") for i, w in enumerate(workers)],
+            return_exceptions=True,
+        )
         new_total = 0
-        for slot, worker in enumerate(workers):
-            try:
-                stats = await timed(worker.sandbox_stats.remote(), self.timeout_s, f"rollout worker {slot}'s sandbox counters")
-            except Exception:  # dead, replaced or busy: the worker's failover says what happened to it
+        for slot, stats in enumerate(answers):
+            if isinstance(stats, BaseException):  # dead, replaced or busy: the worker's failover says what happened to it
                 continue
             pid, replaced = int(stats.get("pid", 0)), int(stats.get("workers_replaced", 0))
             seen_pid, seen = self.seen.get(slot, (pid, 0))
