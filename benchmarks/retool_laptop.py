@@ -21,7 +21,11 @@ README (the same block):
   against text, in distribution (solid) and out of it (dashed).
 
 A run that fails is reported and the others go on (each takes about an hour); nothing is written
-until every run has finished (rerun with ``--reuse`` to read the finished ones again).
+until every run has finished (rerun with ``--reuse`` to read the finished ones again). Each finished
+run of the shipped recipes (no ``--set``) also leaves its record, the evaluation curve and the
+whole command's seconds with the commit that ran it, in ``benchmarks/records/retool_laptop/``
+(``ARM_sSEED.json``, a few kB): commit it, and ``--reuse`` reads it on any later machine, where the
+run directory (gigabytes of checkpoints, outside git) is gone. A run directory, when present, wins.
 
 With 96 in-distribution and 64 out-of-distribution problems per evaluation, one seed's accuracy is
 noisy by about +-5 and +-6 points (one standard error near 0.5): read the seed spread beside the
@@ -47,6 +51,8 @@ from _measure import agentrl_train, emit, eval_curve, run_header, write_block
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = {"tool": "recipes/smol_retool.toml", "text": "recipes/smol_math_text.toml"}
 FIGURE = ROOT / "docs" / "img" / "retool_laptop.png"
+RECORDS = ROOT / "benchmarks" / "records" / "retool_laptop"
+"""One JSON record per finished run of the shipped recipes (``ARM_sSEED.json``), kept in git."""
 TOOL_USE = (("tool_call_rate", "tool-call rate", "{:.2f}"), ("tool_calls_mean", "code blocks / episode", "{:.2f}"),
             ("tool_error_rate", "code error rate", "{:.2f}"), ("recovery_rate", "recovery rate", "{:.2f}"),
             ("response_tokens_mean", "response tokens", "{:.0f}"))
@@ -54,17 +60,47 @@ TOOL_USE = (("tool_call_rate", "tool-call rate", "{:.2f}"), ("tool_calls_mean", 
 
 
 def run_arm(arm: str, seed: int, out: Path, overrides: list[str], reuse: bool) -> dict[str, Any]:
-    """One run of ``arm`` with ``seed`` (``reuse``: a finished run is read, not run again): its
-    evaluation curve and its whole command's seconds."""
+    """One run of ``arm`` with ``seed`` (``reuse``: a finished run is read, not run again, from its
+    run directory or else from its record in :data:`RECORDS`): its evaluation curve, its whole
+    command's seconds and where it was read from."""
     run_dir = out / f"{arm}_s{seed}"
     seconds_file = run_dir / "command_s.txt"
+    record = RECORDS / f"{arm}_s{seed}.json"
     if reuse and (run_dir / "summary.json").is_file() and seconds_file.is_file():
         print(f"{arm} seed {seed}: reusing the finished run in {run_dir}", flush=True)
+    elif reuse and not overrides and record.is_file():
+        print(f"{arm} seed {seed}: reusing its record {record}", flush=True)
+        return read_record(record)
     else:
         print(f"{arm} seed {seed}: {ARMS[arm]} -> {run_dir}", flush=True)
         seconds = agentrl_train(ARMS[arm], run_dir, [f"seed={seed}", *overrides], timeout_s=3 * 3600)
         seconds_file.write_text(f"{seconds:.1f}\n")
-    return {"curve": eval_curve(str(run_dir)), "command_s": float(seconds_file.read_text()), "run_dir": run_dir}
+    result = {"curve": eval_curve(str(run_dir)), "command_s": float(seconds_file.read_text()), "run_dir": run_dir}
+    if not overrides:
+        write_record(record, arm, seed, result)
+    return result
+
+
+def write_record(path: Path, arm: str, seed: int, result: dict[str, Any]) -> None:
+    """Keep ``result`` (a finished run of the shipped recipe) in ``path``, with the commit and the
+    recipe that produced it, so that it outlives the run directory."""
+    import subprocess
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True, check=False).stdout.strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"arm": arm, "seed": seed, "recipe": ARMS[arm], "commit": commit,
+                                "run_dir": str(result["run_dir"]), "command_s": result["command_s"],
+                                "curve": result["curve"]}, indent=1) + "\n")
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """A run's result as :func:`run_arm` returns it, from its record (``run_dir``: where it ran)."""
+    rec = json.loads(path.read_text())
+    missing = [k for k in ("curve", "command_s", "run_dir") if k not in rec]
+    if missing or not rec["curve"]:
+        raise SystemExit(f"{path}: not a finished run's record (missing {missing or ['curve']})")
+    return {"curve": rec["curve"], "command_s": float(rec["command_s"]), "run_dir": Path(rec["run_dir"])}
 
 
 def _pts(value: float) -> str:
