@@ -155,9 +155,29 @@ def _sandbox(recipe: Recipe) -> tuple[str, str]:
     return "ok", f"{recipe.sandbox.type}"
 
 
+def _colocated_on_gpus(recipe: Recipe) -> bool:
+    """Whether the run would place generator i on learner rank i's GPU (the placement the
+    ``placement`` check plans, for this machine or the recipe's ``placement.gpus_per_node``)."""
+    from agentrl.placement_plan import ClusterShape, plan_placement
+
+    p, g, lr = recipe.placement, recipe.generator, recipe.learner
+    if not (g.num_gpus > 0 or lr.num_gpus > 0):
+        return False
+    shape = ClusterShape.this_machine(gpus_per_node=p.gpus_per_node, gpu_memory_gib=p.gpu_memory_gib)
+    if not shape.total_gpus:
+        return p.mode == "colocated"
+    try:
+        return plan_placement(recipe, shape).colocated
+    except ConfigError:
+        return False  # the placement check reports it
+
+
 def _resources(recipe: Recipe) -> tuple[str, str]:
     g, lr = recipe.generator, recipe.learner
-    gpus = g.num_generators * max(g.num_gpus, g.tensor_parallel_size if g.num_gpus else 0) + lr.num_ranks * lr.num_gpus
+    if _colocated_on_gpus(recipe):  # generator i and learner rank i share one GPU
+        gpus: float = lr.num_ranks
+    else:
+        gpus = g.num_generators * max(g.num_gpus, g.tensor_parallel_size if g.num_gpus else 0) + lr.num_ranks * lr.num_gpus
     cpus = g.num_generators * g.num_cpus + lr.num_ranks * lr.num_cpus + recipe.rollout.num_workers * recipe.rollout.num_cpus
     critic = ""
     if recipe.algo.advantage == "gae":

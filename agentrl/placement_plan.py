@@ -98,13 +98,19 @@ class MemoryPlan:
     learner: float
     generator: float
     device: float
+    handover: float = 0.0
+    """``generator.weight_sync = "ipc"``: the learner's CUDA IPC staging buffer, GiB, held during
+    a handover beside the learner's states and vLLM's woken weights (its KV cache still asleep)."""
+    weights: float = 0.0
+    """vLLM's weights, GiB (in ``model.dtype``): what a handover wakes."""
 
     @property
     def peak(self) -> float:
         """The most both sides hold at once: vLLM awake beside the learner's states (they stay
-        on the GPU), or the learner training while vLLM sleeps (weights offloaded, KV cache
-        dropped: about nothing left)."""
-        return max(self.generator + self.learner, self.learner)
+        on the GPU), the learner training while vLLM sleeps (weights offloaded, KV cache
+        dropped: about nothing left), or an IPC handover (vLLM's weights and the staging
+        buffer beside the learner's states)."""
+        return max(self.generator + self.learner, self.learner + self.weights + self.handover)
 
     def fits(self) -> bool:
         return self.peak <= self.device
@@ -114,6 +120,7 @@ class MemoryPlan:
             f"model: {self.parameters / 1e9:.2f} B parameters",
             f"learner rank: {self.learner:.1f} GiB (parameters, gradients, AdamW; activations not counted)",
             f"vLLM: {self.generator:.1f} GiB (generator.gpu_memory_utilization of {self.device:.0f} GiB), asleep while the learner trains",
+            *([f"ipc handover: {self.handover:.1f} GiB staging buffer beside vLLM's {self.weights:.1f} GiB of weights"] if self.handover else []),
             f"peak: {self.peak:.1f} GiB of {self.device:.0f} GiB" + ("" if self.fits() else "  <- does not fit"),
         ]
 
@@ -167,7 +174,13 @@ def plan_placement(recipe: Recipe, cluster: ClusterShape) -> PlacementPlan:
         mode, reason = _auto(recipe, cluster, gpu)
     else:
         mode, reason = p.mode, "placement.mode"
+    if g.weight_sync == "ipc" and not gpu:
+        raise ConfigError('generator.weight_sync = "ipc" is CUDA IPC between a learner rank and the generator on its GPU: '
+                          'this recipe has no GPUs (generator.num_gpus and learner.num_gpus are 0); use "gloo" or "disk"')
     if mode == "separate":
+        if g.weight_sync == "ipc":
+            raise ConfigError(f'generator.weight_sync = "ipc" needs each generator on its learner rank\'s GPU '
+                              f'(placement.mode = "colocated"); {reason} chose separate devices: use "nccl" there')
         return PlacementPlan("separate", reason, recipe.max_staleness, on_gpu=gpu)
     _check_colocated(recipe, cluster, gpu)
     notes = []
@@ -203,6 +216,8 @@ def _auto(recipe: Recipe, cluster: ClusterShape, gpu: bool) -> tuple[Mode, str]:
         if cluster.nodes > 1:
             return "separate", f"auto: {cluster.nodes} nodes, generation and training can have machines of their own"
         return "colocated", f"auto: one machine without GPUs ({cluster.cpus[0]:g} cores): both sides would share its cores"
+    if g.weight_sync == "ipc":
+        return "colocated", "auto: generator.weight_sync = \"ipc\" shares each learner rank's GPU with a generator"
     need = g.num_generators * g.num_gpus + lc.num_ranks * lc.num_gpus
     if recipe.algo.advantage == "gae":
         need += recipe.critic_settings.num_ranks * recipe.critic_settings.num_gpus
@@ -233,7 +248,7 @@ def _check_colocated(recipe: Recipe, cluster: ClusterShape, gpu: bool) -> None:
                           f"(one per generator/rank pair); the cluster has {cluster.total_gpus:g}")
     if g.weight_sync == "nccl":
         raise ConfigError('placement.mode = "colocated": generator.weight_sync = "nccl" would broadcast from a GPU to itself; '
-                          'use "disk" (the learner writes the version, vLLM wakes and loads it)')
+                          'use "ipc" (vLLM maps the learner\'s GPU memory) or "disk" (the learner writes the version, vLLM wakes and loads it)')
 
 
 def model_parameters(config: dict[str, Any]) -> int:
@@ -272,6 +287,12 @@ KNOWN_SIZES = {"qwen/qwen2.5-0.5b-instruct": 494_032_768, "qwen/qwen2.5-1.5b-ins
 machine that has not downloaded them."""
 
 
+IPC_BUFFER_BYTES = 2**30
+"""The CUDA IPC staging buffer per learner rank (vLLM's packed mode), at least, bytes: parameters
+travel in chunks this large, so a handover holds one chunk, not a second copy of the model; a
+larger parameter (a 7B model's embedding in bfloat16 is 1.09 GB) enlarges it to its size."""
+
+
 def memory_plan(recipe: Recipe, gpu_memory_gib: float) -> MemoryPlan | None:
     """GPU memory of one colocated device for ``recipe`` (None when the model's size is unknown
     here: no local config and not a known hub id). Full fine-tuning: float32 master weights,
@@ -290,9 +311,14 @@ def memory_plan(recipe: Recipe, gpu_memory_gib: float) -> MemoryPlan | None:
         learner = n * base / ranks + 0.02 * n * 16 / ranks
     else:
         learner = n * 16 / ranks
+    wire = 4 if recipe.model.dtype == "float32" else 2  # "auto" serves bfloat16 on GPUs
+    handover = 0.0
+    if recipe.generator.weight_sync == "ipc":
+        largest = int(config["vocab_size"]) * int(config["hidden_size"]) * wire if config else 0  # the embedding
+        handover = max(IPC_BUFFER_BYTES, largest) / 2**30
     return MemoryPlan(
         parameters=n, learner=learner / 2**30, generator=recipe.generator.gpu_memory_utilization * gpu_memory_gib,
-        device=gpu_memory_gib,
+        device=gpu_memory_gib, handover=handover, weights=n * wire / 2**30,
     )
 
 

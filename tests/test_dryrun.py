@@ -62,3 +62,15 @@ def test_the_gpu_count_includes_a_separate_judge_and_the_reward_model(tmp_path):
     assert "2 judge generators, 1 reward-model actor" in line
     _, policy = _resources(validate_recipe({**base, "reward": {"judge": {"model": "policy", "num_gpus": 1}}}))
     assert policy.startswith("needs 2 GPUs"), policy  # the policy judges itself: no GPUs of its own
+
+
+def test_a_colocated_gpu_recipe_needs_one_gpu_per_learner_rank_not_two(tmp_path):
+    from agentrl.dryrun import _resources
+
+    base = {"model": {"path": str(tmp_path / "to-build"), "build": "tiny"}, "sandbox": {"type": "unsafe-local"},
+            "generator": {"num_gpus": 1, "num_generators": 2}, "learner": {"num_gpus": 1, "num_ranks": 2},
+            "placement": {"mode": "colocated", "gpus_per_node": 2}}
+    _, line = _resources(validate_recipe(base))
+    assert line.startswith("needs 2 GPUs"), line  # generator i shares learner rank i's GPU
+    _, apart = _resources(validate_recipe({**base, "placement": {"mode": "separate", "gpus_per_node": 4}}))
+    assert apart.startswith("needs 4 GPUs"), apart

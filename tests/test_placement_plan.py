@@ -98,6 +98,18 @@ def test_colocated_on_gpus_sleeps_the_generators(tmp_path):
     assert wiring.loop_settings(placed).sleep_level == 1  # the base weights stay
 
 
+def test_ipc_weight_sync_places_colocated_on_gpus_and_is_refused_elsewhere(tmp_path):
+    two_gpus = ClusterShape(cpus=(16.0,), gpus=(2.0,))
+    ipc = recipe(tmp_path, 'generator.weight_sync="ipc"', text=GPU)
+    plan = plan_placement(ipc, two_gpus)  # room to hold them apart, but IPC needs them together
+    assert plan.mode == "colocated" and "ipc" in plan.reason
+    assert plan_placement(recipe(tmp_path, 'placement.mode="colocated"', 'generator.weight_sync="ipc"', text=GPU), two_gpus).mode == "colocated"
+    with pytest.raises(ConfigError, match='weight_sync = "ipc" needs each generator on its learner rank.s GPU'):
+        plan_placement(recipe(tmp_path, 'placement.mode="separate"', 'generator.weight_sync="ipc"', text=GPU), two_gpus)
+    with pytest.raises(ConfigError, match='weight_sync = "ipc" is CUDA IPC.*no GPUs'):
+        plan_placement(recipe(tmp_path, 'generator.weight_sync="ipc"'), LAPTOP)
+
+
 @pytest.mark.parametrize(
     ("overrides", "words"),
     [
@@ -164,3 +176,8 @@ def test_retool_math_1gpu_recipe_plans_colocated_on_one_80gb_gpu():
     r = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "retool_math_1gpu.toml")
     plan = plan_placement(r, ClusterShape(cpus=(16.0,), gpus=(1.0,), gpu_memory_gib=80.0))
     assert plan.mode == "colocated" and plan.memory is not None and plan.memory.fits()
+    # its versions go by CUDA IPC: the handover's staging buffer is in the plan
+    m = plan.memory
+    assert r.generator.weight_sync == "ipc" and m.handover == 1.0 and m.weights == pytest.approx(m.parameters * 2 / 2**30)
+    assert m.peak >= m.learner + m.weights + m.handover
+    assert any(line.startswith("ipc handover: 1.0 GiB") for line in m.lines())

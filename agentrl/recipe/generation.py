@@ -75,12 +75,15 @@ class GeneratorConfig(Section):
     0``: a first GPU start downloads the weights (15 GB for a 7B model, shared by every engine on
     the node), loads them, compiles and captures CUDA graphs; a start that fails for being slow
     costs more than a stuck one waiting 30 minutes."""
-    weight_sync: Literal["disk", "nccl", "gloo"] = "disk"
+    weight_sync: Literal["disk", "nccl", "gloo", "ipc"] = "disk"
     """How each new weight version reaches the generators. ``disk``: the learner writes a
     safetensors folder, the generators reload it in flight. ``nccl`` (GPUs; learner and
     generators on different devices) or ``gloo`` (any machine): learner rank 0 broadcasts the
     parameters straight into the vLLM workers through vLLM's weight-transfer engine, nothing is
-    written. A collective that fails or times out is reported and the run goes on with ``disk``."""
+    written. ``ipc`` (GPUs, ``placement.mode = "colocated"``: generator i on learner rank i's
+    GPU): each rank shares its gathered parameters by CUDA IPC handles and the vLLM worker on the
+    same GPU loads them from the learner's memory, in chunks of at least 1 GiB. A transfer that
+    fails or times out is reported and the run goes on with ``disk``."""
     recompute_kv_on_update: bool = True
     """At each weight update drop the engine's KV cache, so requests in flight re-encode their
     context with the new weights: each token's version label is then exact (sampled by those

@@ -254,6 +254,12 @@ class VllmGenerator(GeneratorCounters, Generator):
             from agentrl.engine.generation.weight_transfer import register
 
             register()
+        if s.weight_transfer == "ipc":
+            if not on_gpu:
+                raise GeneratorError('generator.weight_sync = "ipc" is CUDA IPC: this engine runs on the CPU; use "gloo" or "disk"')
+            # the workers decode the learner's pickled CUDA IPC handles (ipc_handles_pickled);
+            # the engine's processes inherit this from the actor's environment
+            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         args = AsyncEngineArgs(**engine_kwargs(s, on_gpu))
         t0 = time.monotonic()
         try:
@@ -459,6 +465,9 @@ class VllmGenerator(GeneratorCounters, Generator):
         publisher's disk fallback loads the version it broadcast, a learner restart its
         checkpoint's; a generator that cannot load it is replaced)."""
         self._update_t0 = time.monotonic()
+        # asleep (colocated, ipc): the weights' memory comes back first, the KV cache only when
+        # generation does, so the learner's staging buffer and vLLM's weights share the GPU alone
+        await self._wake(["weights"])
         await self._bounded(self.engine.pause_generation(mode="keep", clear_cache=self.settings.recompute_kv_on_update), "pausing for a weight update")
         await self._while_updating(self.engine.start_weight_update(), "starting a weight update")
 
@@ -467,7 +476,10 @@ class VllmGenerator(GeneratorCounters, Generator):
         failure generation stays paused (see :meth:`begin_weight_update`)."""
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-        await self._while_updating(self.engine.update_weights(WeightTransferUpdateRequest(update_info=update_info)), "receiving weights")
+        from agentrl.engine.generation.weight_transfer import ipc_transport_safe
+
+        request = WeightTransferUpdateRequest(update_info=ipc_transport_safe(update_info))
+        await self._while_updating(self.engine.update_weights(request), "receiving weights")
 
     async def end_weight_update(self, version: int) -> float:
         """Finish the update, label the weights ``version`` and resume. Returns the stall (s). On

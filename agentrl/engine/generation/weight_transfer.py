@@ -6,7 +6,12 @@ Backends (``[generator] weight_sync``):
 * ``nccl`` — vLLM's own NCCL engine (GPU learner and GPU generators on different devices);
 * ``gloo`` — the same protocol over a torch ``gloo`` group (CPU, or any machine without NCCL),
   implemented here as a vLLM weight-transfer engine and registered with vLLM as a general plugin
-  (the ``vllm.general_plugins`` entry point ``agentrl``), so that vLLM's worker processes find it.
+  (the ``vllm.general_plugins`` entry point ``agentrl``), so that vLLM's worker processes find it;
+* ``ipc`` — vLLM's CUDA IPC engine (colocated placement on GPUs: learner rank i and generator i
+  share GPU i). Every learner rank gathers each full parameter on its own GPU into a packed
+  staging buffer and shares it by a CUDA IPC handle; rank 0 sends the handles of every rank, and
+  the vLLM worker on each GPU maps its own GPU's buffer and loads from it. Nothing crosses the
+  host or a disk, and no process group joins the generators.
 
 The round trip is vLLM's: trainer rank 0 drives the inference side through a *client*
 (``start_weight_update`` → ``update_weights`` while it broadcasts → ``finish_weight_update``).
@@ -42,8 +47,33 @@ __all__ = [
     "trainer_connect",
 ]
 
-BACKENDS = ("nccl", "gloo")
-"""Collective weight-sync backends a recipe may name (``disk`` is the default, not a collective)."""
+BACKENDS = ("nccl", "gloo", "ipc")
+"""Direct weight-sync backends a recipe may name (``disk`` is the default, not a transfer group)."""
+
+def ipc_buffer_bytes(param_bytes: list[int]) -> int:
+    """The IPC staging buffer for parameters of ``param_bytes`` bytes each (in the wire dtype):
+    :data:`~agentrl.placement_plan.IPC_BUFFER_BYTES` (what the memory plan counts), or the largest
+    parameter when that is larger (vLLM's packed producer cannot split a tensor across chunks)."""
+    from agentrl.placement_plan import IPC_BUFFER_BYTES
+
+    return max([IPC_BUFFER_BYTES, *param_bytes])
+
+
+def ipc_transport_safe(update_info: dict[str, Any]) -> dict[str, Any]:
+    """``update_info`` with its CUDA IPC handles (tuples holding classes, dtypes and bytes,
+    which vLLM's msgpack channel to its engine process does not carry) pickled into
+    ``ipc_handles_pickled``, the field vLLM's worker decodes (it needs
+    ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``, set for engines started with ``ipc``). Other
+    backends' update infos are returned unchanged."""
+    handles = update_info.get("ipc_handles")
+    if handles is None:
+        return update_info
+    import base64
+    import pickle
+
+    out = {k: v for k, v in update_info.items() if k != "ipc_handles"}
+    out["ipc_handles_pickled"] = base64.b64encode(pickle.dumps(handles)).decode("ascii")
+    return out
 
 
 def free_endpoint() -> tuple[str, int]:
@@ -191,7 +221,12 @@ class GeneratorClient:
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         """Each generator joins with its own ``rank_offset`` (:func:`rank_offsets`): the group's
-        ranks are the trainer's 0, then every generator's vLLM workers in turn."""
+        ranks are the trainer's 0, then every generator's vLLM workers in turn. Without a
+        ``world_size`` (``ipc``: no group to join, only wire settings) every generator gets
+        ``init_info`` as it is."""
+        if "world_size" not in init_info:
+            self._all("init_weight_transfer", init_info)
+            return
         offsets = rank_offsets(int(init_info["world_size"]), len(self.generators))
         self._all("init_weight_transfer", per_generator=[({**init_info, "rank_offset": o},) for o in offsets])
 
@@ -460,7 +495,9 @@ def trainer_connect(
 ) -> Any:
     """Open the transfer group on trainer rank ``rank`` (0 sends and drives the generators through
     ``client``; other ranks only join the FSDP gathers). Returns the trainer engine, whose
-    ``send_weights()`` runs one update."""
+    ``send_weights()`` runs one update. ``ipc`` forms no group (``address``, ``port`` and
+    ``world_size`` are unused): each rank shares its GPU's copy by CUDA IPC handles, in packed
+    chunks (:func:`ipc_buffer_bytes`)."""
     if backend == "gloo":
         c = _classes()
         info = c["trainer_info"](master_address=address, master_port=port, world_size=world_size, rank=rank, timeout_s=timeout_s)
@@ -473,6 +510,15 @@ def trainer_connect(
 
         info = NCCLTrainerInitInfo(master_address=address, master_port=port, world_size=world_size, rank=rank)
         return NCCLTrainerWeightTransferEngine.trainer_init(info, client=client, source=source)
+    if backend == "ipc":
+        from vllm.distributed.weight_transfer.ipc_engine import (
+            IPCTrainerInitInfo,
+            IPCTrainerWeightTransferEngine,
+        )
+
+        sizes = [_numel(tuple(m.shape)) * torch.empty((), dtype=m.dtype).element_size() for m in source.metadata()]
+        info = IPCTrainerInitInfo(rank=rank, packed=True, packed_buffer_size_bytes=ipc_buffer_bytes(sizes))
+        return IPCTrainerWeightTransferEngine.trainer_init(info, client=client, source=source)
     from agentrl.errors import ConfigError
 
     raise ConfigError(f"generator.weight_sync: unknown backend {backend!r} (expected one of {BACKENDS})")

@@ -1,8 +1,9 @@
 """Weight publishing: how each new learner version reaches the generators.
 
-Over a collective transfer group (``generator.weight_sync = "nccl"`` or ``"gloo"``) learner
-rank 0 broadcasts the version into the vLLM workers; when the group cannot be formed, or once it
-fails or loses a member, versions go through disk for the rest of the run: the learner writes
+Over a direct transfer (``generator.weight_sync = "nccl"`` or ``"gloo"``: a collective group;
+``"ipc"``: CUDA IPC handles on shared GPUs) learner rank 0 sends the version into the vLLM workers;
+when the group cannot be formed, or once it fails or loses a member, versions go through disk for
+the rest of the run: the learner writes
 ``weights/vNNNNNN/`` and the fleet loads it in the background while the learner trains on. Old
 version folders are pruned (``keep_versions`` are kept).
 """
@@ -68,7 +69,7 @@ class WeightVersions:
 class WeightPublisher:
     """Publishes learner versions to ``fleet``.
 
-    ``weight_sync``: ``"disk"``, ``"nccl"`` or ``"gloo"``; ``sync_timeout_s``: the bound of each
+    ``weight_sync``: ``"disk"``, ``"nccl"``, ``"gloo"`` or ``"ipc"``; ``sync_timeout_s``: the bound of each
     collective and generator call of a transfer (``generator.weight_sync_timeout_s``; the wait
     for a whole broadcast is :func:`~agentrl.engine.generation.weight_transfer.send_wait_s` of
     it, longer than the learner's own watchdog); ``workers_per_generator``: transfer ranks per
@@ -121,7 +122,10 @@ class WeightPublisher:
             self.log.event(f"weight sync over {self.weight_sync} unavailable, versions go through disk: {exc}", weight_sync_fallbacks=1)
             return
         self.transfer_active = True
-        self.log.event(f"weight sync: {self.weight_sync} broadcast from learner rank 0 to {world - 1} generator workers at {address}:{port}")
+        if self.weight_sync == "ipc":
+            self.log.event(f"weight sync: ipc, each learner rank's GPU memory mapped by the generator on its GPU ({world - 1} workers)")
+        else:
+            self.log.event(f"weight sync: {self.weight_sync} broadcast from learner rank 0 to {world - 1} generator workers at {address}:{port}")
 
     def transfer_lost(self, reason: str) -> None:
         """The transfer group lost a member (``reason``): versions go through disk from now on."""
