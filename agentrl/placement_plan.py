@@ -98,6 +98,8 @@ class MemoryPlan:
     learner: float
     generator: float
     device: float
+    offloaded: bool = False
+    """``learner.offload_states``: the learner's states are in host memory while vLLM is awake."""
     handover: float = 0.0
     """``generator.weight_sync = "ipc"``: the learner's CUDA IPC staging buffer, GiB, held during
     a handover beside the learner's states and vLLM's woken weights (its KV cache still asleep)."""
@@ -107,10 +109,11 @@ class MemoryPlan:
     @property
     def peak(self) -> float:
         """The most both sides hold at once: vLLM awake beside the learner's states (they stay
-        on the GPU), the learner training while vLLM sleeps (weights offloaded, KV cache
+        on the GPU unless offloaded), the learner training while vLLM sleeps (weights offloaded, KV cache
         dropped: about nothing left), or an IPC handover (vLLM's weights and the staging
         buffer beside the learner's states)."""
-        return max(self.generator + self.learner, self.learner + self.weights + self.handover)
+        beside_vllm = 0.0 if self.offloaded else self.learner
+        return max(self.generator + beside_vllm, self.learner + self.weights + self.handover)
 
     def fits(self) -> bool:
         return self.peak <= self.device
@@ -118,7 +121,8 @@ class MemoryPlan:
     def lines(self) -> list[str]:
         return [
             f"model: {self.parameters / 1e9:.2f} B parameters",
-            f"learner rank: {self.learner:.1f} GiB (parameters, gradients, AdamW; activations not counted)",
+            f"learner rank: {self.learner:.1f} GiB (parameters, gradients, AdamW; activations not counted)"
+            + (", in host memory while vLLM generates (learner.offload_states)" if self.offloaded else ""),
             f"vLLM: {self.generator:.1f} GiB (generator.gpu_memory_utilization of {self.device:.0f} GiB), asleep while the learner trains",
             *([f"ipc handover: {self.handover:.1f} GiB staging buffer beside vLLM's {self.weights:.1f} GiB of weights"] if self.handover else []),
             f"peak: {self.peak:.1f} GiB of {self.device:.0f} GiB" + ("" if self.fits() else "  <- does not fit"),
@@ -177,7 +181,13 @@ def plan_placement(recipe: Recipe, cluster: ClusterShape) -> PlacementPlan:
     if g.weight_sync == "ipc" and not gpu:
         raise ConfigError('generator.weight_sync = "ipc" is CUDA IPC between a learner rank and the generator on its GPU: '
                           'this recipe has no GPUs (generator.num_gpus and learner.num_gpus are 0); use "gloo" or "disk"')
+    if lc.offload_states and not gpu:
+        raise ConfigError("learner.offload_states frees GPU memory for colocated generators: this recipe has no GPUs "
+                          "(learner.num_gpus and generator.num_gpus are 0); remove it")
     if mode == "separate":
+        if lc.offload_states:
+            raise ConfigError(f"learner.offload_states is for colocated placement, where vLLM takes the learner's GPU in turns; "
+                              f"{reason} chose separate devices: remove it")
         if g.weight_sync == "ipc":
             raise ConfigError(f'generator.weight_sync = "ipc" needs each generator on its learner rank\'s GPU '
                               f'(placement.mode = "colocated"); {reason} chose separate devices: use "nccl" there')
@@ -318,7 +328,7 @@ def memory_plan(recipe: Recipe, gpu_memory_gib: float) -> MemoryPlan | None:
         handover = max(IPC_BUFFER_BYTES, largest) / 2**30
     return MemoryPlan(
         parameters=n, learner=learner / 2**30, generator=recipe.generator.gpu_memory_utilization * gpu_memory_gib,
-        device=gpu_memory_gib, handover=handover, weights=n * wire / 2**30,
+        device=gpu_memory_gib, handover=handover, weights=n * wire / 2**30, offloaded=recipe.learner.offload_states,
     )
 
 

@@ -181,3 +181,19 @@ def test_retool_math_1gpu_recipe_plans_colocated_on_one_80gb_gpu():
     assert r.generator.weight_sync == "ipc" and m.handover == 1.0 and m.weights == pytest.approx(m.parameters * 2 / 2**30)
     assert m.peak >= m.learner + m.weights + m.handover
     assert any(line.startswith("ipc handover: 1.0 GiB") for line in m.lines())
+
+
+def test_an_offloading_learner_leaves_vllm_the_gpu_and_is_refused_where_nothing_is_shared(tmp_path):
+    one_gpu = ClusterShape(cpus=(16.0,), gpus=(1.0,), gpu_memory_gib=80.0)
+    recipe_path = Path(__file__).resolve().parents[1] / "recipes" / "retool_math_1gpu.toml"
+    kept = plan_placement(load_recipe(recipe_path), one_gpu).memory
+    off = plan_placement(load_recipe(recipe_path, ["learner.offload_states=true"]), one_gpu).memory
+    assert kept.peak == pytest.approx(kept.generator + kept.learner)  # vLLM awake beside the learner's states
+    assert off.peak == pytest.approx(max(off.generator, off.learner + off.weights + off.handover)) and off.peak < kept.peak
+    assert "in host memory while vLLM generates" in off.lines()[1]
+    placed = apply_placement(load_recipe(recipe_path, ["learner.offload_states=true"]), plan_placement(load_recipe(recipe_path), one_gpu))
+    assert wiring.loop_settings(placed).offload_learner
+    with pytest.raises(ConfigError, match="learner.offload_states.*no GPUs"):
+        plan_placement(recipe(tmp_path, "learner.offload_states=true"), LAPTOP)
+    with pytest.raises(ConfigError, match="learner.offload_states is for colocated placement"):
+        plan_placement(recipe(tmp_path, 'placement.mode="separate"', "learner.offload_states=true", text=GPU), one_gpu)

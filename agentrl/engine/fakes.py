@@ -325,6 +325,14 @@ class FakeLearner(_StepCheckpoints):
         self.trained = trained if trained is not None else []
         self.step_delay_s = step_delay_s
         self.step = 0
+        self.offloaded = False
+
+    def offload_states(self) -> float:
+        """Colocated offload: recorded in ``trained`` on rank 0 as ``(step, ["offloaded"])``."""
+        if self.rank == 0 and not self.offloaded:
+            self.trained.append((self.step, ["offloaded"]))
+        self.offloaded = True
+        return 0.0
 
     def setup(self) -> dict[str, Any]:
         return {"rank": self.rank, "fake": True}
@@ -332,6 +340,7 @@ class FakeLearner(_StepCheckpoints):
     async def train_step(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
         t0 = time.monotonic()
         await asyncio.sleep(self.step_delay_s)
+        self.offloaded = False  # a real rank brings its states back first
         self.step += 1
         if self.rank == 0:
             self.trained.append((self.step, [s["id"] for s in samples]))

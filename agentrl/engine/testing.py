@@ -129,7 +129,7 @@ class FakeRun:
     ``max_sampling_factor``, ``solved_reward``: as the recipe's ``[algo]`` keys (refill sets
     groups without a learning signal aside in the queue); ``worker_restarts``: replace a dead
     rollout worker at most this many times (:mod:`agentrl.engine.loop.rollout_failover`; None:
-    no replacement, its groups are only lost); ``colocated``, ``sleep_level``: as
+    no replacement, its groups are only lost); ``colocated``, ``sleep_level``, ``offload_learner``: as
     :class:`~agentrl.engine.loop.loop.LoopSettings` (generators and learner take turns);
     ``judges``: a separate judge's fake generators that score every episode, ``reward_model``: a
     :class:`FakeRewardModel` that does too; ``reward_restarts``: replace a dead one of them at most
@@ -144,7 +144,7 @@ class FakeRun:
         worker: dict[str, Any] | None = None, learner: dict[str, Any] | None = None, hooks: list[Any] | None = None,
         timeout_s: float = 30.0, max_degenerate_steps: int = 0, critic: dict[str, Any] | None = None, critic_warmup: int = 0,
         dynamic_sampling: str = "off", max_sampling_factor: float = 3.0, solved_reward: float = 1.0,
-        worker_restarts: int | None = None, colocated: bool = False, sleep_level: int = 0,
+        worker_restarts: int | None = None, colocated: bool = False, sleep_level: int = 0, offload_learner: bool = False,
         judges: int = 0, reward_model: bool = False, reward_restarts: int | None = 2, start_model: str | None = None,
     ) -> None:
         import functools
@@ -220,7 +220,7 @@ class FakeRun:
         self.settings = LoopSettings(
             max_steps=max_steps, group_size=group_size, episode_timeout_s=timeout_s, stuck_timeout_s=3 * timeout_s,
             checkpoint_every=checkpoint_every, max_degenerate_steps=max_degenerate_steps,
-            colocated=colocated, sleep_level=sleep_level,
+            colocated=colocated, sleep_level=sleep_level, offload_learner=offload_learner,
         )
 
     async def start(self, version: int = 0) -> None:

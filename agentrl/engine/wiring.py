@@ -347,6 +347,7 @@ def loop_settings(recipe: Recipe) -> LoopSettings:
         max_episode_tokens=min(r.rollout.max_episode_tokens, r.generator.max_model_len),
         colocated=r.placement.mode == "colocated",
         sleep_level=sleep_level(r),
+        offload_learner=r.learner.offload_states and sleep_level(r) > 0,
     )
 
 

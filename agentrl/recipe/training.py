@@ -66,6 +66,12 @@ class LearnerConfig(Section):
     """Longest wait for the cluster to place every learner rank, seconds."""
     torch_threads: int = Field(1, gt=0)
     """torch intra-op threads per rank on CPU."""
+    offload_states: bool = False
+    """Colocated on GPUs only: after each published step move this rank's parameters and AdamW
+    states to host memory while vLLM generates, and back for the next step (verl's and
+    OpenRLHF's offload). The GPU then holds 16 bytes a parameter (over ``num_ranks``) less while
+    generating, room for vLLM's KV cache (``generator.gpu_memory_utilization``); each step pays
+    two host-device copies of those bytes (``learner_offload_s``, ``learner_reload_s``)."""
     cpu_affinity: list[NonNegativeInt] | None = Field(None, min_length=1)
     """Pin each learner rank to these CPU cores (Linux CPU affinity: every thread of the actor's process,
     inherited by the processes it starts); None: not pinned. Gives generation and

@@ -87,6 +87,10 @@ class LoopSettings:
     """Colocated on GPUs: the generators sleep at this level while the learner trains (1: keep
     the weights in host memory, for LoRA's base; 2: drop them, a new version replaces them);
     0: they do not sleep (CPUs: nothing to free)."""
+    offload_learner: bool = False
+    """Colocated on GPUs (``learner.offload_states``): after each published step the learner
+    ranks move their parameters and optimizer states to host memory while the generators work;
+    the next step brings them back."""
 
 
 class LoopHook(Protocol):
@@ -322,7 +326,10 @@ class RLLoop:
         train_s = self.clock() - t0
         new_version = version + 1
         stalls = await self.publisher.publish(new_version)
-        learner_busy_s = self.clock() - t0  # training + publishing
+        if self.settings.offload_learner:  # the generators get the devices' memory back
+            offloaded = await self.learners.call("offload_states", what=f"offloading the learner after step {new_version}")
+            stats["learner_offload_s"] = max(offloaded)
+        learner_busy_s = self.clock() - t0  # training + publishing (+ offloading)
         m = results[0]
         examples = [
             {"group_id": t.group_id, "sample": t.sample_index, "reward": t.reward, "status": t.status, "text": t.info.get("text", ""),

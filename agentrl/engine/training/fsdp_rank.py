@@ -14,6 +14,8 @@
   skipped update (counted) when the gradient norm is not finite;
 - **the per-row gather**: a per-position quantity (log-probs, values) computed on each rank's
   share and gathered so that every rank returns the whole list;
+- **offload** (colocated on GPUs): the parameters and optimizer states in host memory while vLLM
+  generates, back on the device for the next computation (:mod:`agentrl.engine.training.offload`);
 - **checkpoints**: the sharded model and AdamW state, each rank's RNG state and
   ``trainer_state.json``, in a folder that appears atomically
   (:mod:`agentrl.engine.training.checkpoint`);
@@ -32,6 +34,7 @@ import abc
 import contextlib
 import math
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,7 @@ import torch.distributed as dist
 
 from agentrl.engine.training.devices import gather_rows, join_process_group
 from agentrl.engine.training.microbatch import plan_microbatches, split_minibatches
+from agentrl.engine.training.offload import move_states
 from agentrl.engine.training.padded import PaddedBatch
 from agentrl.errors import ConfigError, LearnerError
 
@@ -110,6 +114,8 @@ class FsdpRank(abc.ABC):
         """Completed optimizer updates, skipped ones included."""
         self.skipped_updates = 0
         """Updates skipped because the gradient norm was not finite."""
+        self.offloaded = False
+        """Whether the parameters and optimizer states are in host memory (:meth:`offload_states`)."""
 
     # ------------------------------------------------------------------ what a subclass defines
     @abc.abstractmethod
@@ -175,6 +181,44 @@ class FsdpRank(abc.ABC):
             if dist.is_initialized():
                 dist.destroy_process_group()
             raise
+
+    # ------------------------------------------------------------------ offload (colocated on GPUs)
+    def offload_states(self) -> float:
+        """Move the parameters and optimizer states to host memory, so that vLLM has the GPU to
+        itself while it generates (:mod:`agentrl.engine.training.offload`); the next method that
+        computes brings them back. Seconds it took; 0.0 on a CPU rank (nothing to free) or when
+        they are away already."""
+        if self.device.type == "cpu" or self.offloaded:
+            return 0.0
+        t0 = time.monotonic()
+        move_states(self.trained_module(), self.optimizer, torch.device("cpu"))
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        self.offloaded = True
+        return time.monotonic() - t0
+
+    def reload_states(self) -> float:
+        """Bring offloaded parameters and optimizer states back to the rank's device. Seconds it
+        took; 0.0 when they are there."""
+        if not self.offloaded:
+            return 0.0
+        t0 = time.monotonic()
+        move_states(self.trained_module(), self.optimizer, self.device)
+        self.offloaded = False
+        return time.monotonic() - t0
+
+    @contextlib.contextmanager
+    def states_on_device(self) -> Iterator[None]:
+        """The states on the device for the body (a checkpoint, an export, log-probs), then back
+        where they were: an offloaded rank stays offloaded outside it."""
+        was_offloaded = self.offloaded
+        self.reload_states()
+        try:
+            yield
+        finally:
+            if was_offloaded:
+                self.offload_states()
 
     # ------------------------------------------------------------------ the work plan
     def minibatches(self, n: int) -> list[list[int]]:

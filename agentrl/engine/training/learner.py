@@ -345,6 +345,7 @@ class Learner(FsdpRank):
         forward_backward, stats, optimizer): where this rank's ``train_s`` went.
         """
         self.require_setup()
+        reload_s = self.reload_states()  # offloaded while vLLM generated (colocated on GPUs)
         self._check_samples(samples, rl=True)
         t0 = time.monotonic()
         version = self.step
@@ -438,6 +439,7 @@ class Learner(FsdpRank):
             "updates": float(self.updates),
             "train_s": time.monotonic() - t0,
             **clock.seconds(),
+            **({"learner_reload_s": reload_s} if reload_s else {}),
         }
 
     def hold_step(self) -> dict[str, float]:
@@ -454,6 +456,7 @@ class Learner(FsdpRank):
         ``loss_mask`` is 1 (assistant tokens), over the whole batch. ``samples`` need only
         ``tokens`` and ``loss_mask``. Returns metrics summed across ranks."""
         self.require_setup()
+        self.reload_states()
         self._check_samples(samples, rl=False)
         t0 = time.monotonic()
         self.policy.train()
@@ -491,14 +494,16 @@ class Learner(FsdpRank):
         Collective; every rank returns the whole list. No gradient, no update."""
         self.require_setup()
         self._check_samples(samples, rl=False)
-        return self.per_row(samples, lambda batch: batch.pad(self._forward(self.policy, batch)[0]))
+        with self.states_on_device():
+            return self.per_row(samples, lambda batch: batch.pad(self._forward(self.policy, batch)[0]))
 
     # ------------------------------------------------------------------ weights
     def full_state_dict(self, dtype: torch.dtype | None = None, adapter_only: bool = False) -> dict[str, torch.Tensor]:
         """The policy's unsharded parameters on rank 0 (collective; an empty dict elsewhere):
         :func:`~agentrl.engine.training.weight_export.full_state_dict` of the policy's LM."""
         self.require_setup()
-        return full_state_dict(self.policy.lm, self.rank, dtype, adapter_only)
+        with self.states_on_device():
+            return full_state_dict(self.policy.lm, self.rank, dtype, adapter_only)
 
     def publish(self, out_dir: str, with_tokenizer: bool = False, serving_dtype: bool = False, merged: bool = False) -> str | None:
         """Write the current weights as a Hugging Face folder at ``out_dir`` (collective; rank 0
@@ -548,7 +553,8 @@ class Learner(FsdpRank):
             from agentrl.errors import WeightSyncError
 
             raise WeightSyncError("no weight-transfer group: call connect_weight_transfer first")
-        return self.sender.send(version)
+        with self.states_on_device():
+            return self.sender.send(version)
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, out_dir: str) -> str:
@@ -569,11 +575,13 @@ class Learner(FsdpRank):
                 pass
 
         self.require_setup()
-        return self.save_state(out_dir, self.policy.lm, {
+        state = {
             "dtype": str(self.dtype).removeprefix("torch."),
             "objective": self.objective.as_dict(),
             "lora": self.lora.as_dict() if self.lora is not None else None,
-        }, export_files)
+        }
+        with self.states_on_device():
+            return self.save_state(out_dir, self.policy.lm, state, export_files)
 
     def load_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
         """Restore a checkpoint written by :meth:`save_checkpoint` (collective), possibly by a

@@ -232,6 +232,19 @@ def test_colocated_generators_sleep_before_every_step_and_never_generate_asleep(
                if s["kind"] == "step" for k in s["staleness_hist"])
 
 
+def test_an_offloading_learner_hands_its_memory_back_after_every_published_step(tmp_path):
+    run = FakeRun(tmp_path, rows=ROWS, max_steps=3, max_staleness=0, colocated=True, sleep_level=2, offload_learner=True)
+    asyncio.run(run.run())
+    # after each step is trained and published, before the next: step k trained, then offloaded
+    kinds = [(step, ids == ["offloaded"]) for step, ids in run.trained]
+    assert kinds == [(1, False), (1, True), (2, False), (2, True), (3, False), (3, True)], run.trained
+    steps = [r for r in map(json.loads, run.run_dir.metrics.read_text().splitlines()) if r["kind"] == "step"]
+    assert len(steps) == 3 and all("learner_offload_s" in s for s in steps)
+    plain = FakeRun(tmp_path / "plain", rows=ROWS, max_steps=2, max_staleness=0, colocated=True, sleep_level=2)
+    asyncio.run(plain.run())
+    assert not [t for t in plain.trained if t[1] == ["offloaded"]]
+
+
 def test_separate_generators_never_sleep(tmp_path):
     run = FakeRun(tmp_path, rows=ROWS, max_steps=3, max_staleness=1)
     asyncio.run(run.run())
