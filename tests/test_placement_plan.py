@@ -63,7 +63,7 @@ def test_colocated_recipe_is_on_policy_and_gives_each_phase_every_core(tmp_path)
     assert placed.learner.torch_threads == 8 and placed.sft.torch_threads == 8
     assert placed.generator.cpu_threads_bind == "all"
     settings = wiring.loop_settings(placed)
-    assert settings.colocated and settings.sleep_level == 0  # CPUs: nothing to free
+    assert settings.colocated and settings.sleep_level == 1  # CPUs: the engine processes are stopped
     assert wiring.queue_kwargs(placed)["max_staleness"] == 0
     assert wiring.learner_kwargs(placed, model="m", tokenizer=None, run_dir=tmp_path)["torch_threads"] == 8
 

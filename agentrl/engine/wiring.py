@@ -347,17 +347,20 @@ def loop_settings(recipe: Recipe) -> LoopSettings:
         max_episode_tokens=min(r.rollout.max_episode_tokens, r.generator.max_model_len),
         colocated=r.placement.mode == "colocated",
         sleep_level=sleep_level(r),
-        offload_learner=r.learner.offload_states and sleep_level(r) > 0,
+        offload_learner=r.learner.offload_states and sleep_level(r) > 0 and r.generator.num_gpus > 0,
     )
 
 
 def sleep_level(recipe: Recipe) -> int:
     """How deep the generators sleep while the learner trains: colocated on GPUs, 1 with LoRA
     (the base weights stay, in host memory) and 2 otherwise (the weights are replaced by the new
-    version); 0 (no sleep) separate or on CPUs."""
+    version); colocated on CPUs 1 (the engine's processes are stopped: they keep everything and
+    hold no core, :mod:`agentrl.engine.generation.freeze`); 0 (no sleep) separate."""
     r = recipe
-    if r.placement.mode != "colocated" or r.generator.num_gpus == 0:
+    if r.placement.mode != "colocated":
         return 0
+    if r.generator.num_gpus == 0:
+        return 1
     return 1 if r.lora is not None else 2
 
 

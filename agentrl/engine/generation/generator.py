@@ -24,6 +24,7 @@ from typing import Any
 from agentrl.engine.common.interfaces import Generation, Generator
 from agentrl.engine.common.cluster import current_node_id
 from agentrl.engine.common.devices import resolve_device
+from agentrl.engine.generation.freeze import engine_processes, freeze, thaw
 from agentrl.engine.generation.vllm_worker import RETIE_METHOD, WORKER_EXTENSION
 from agentrl.errors import GeneratorError, ModelError
 
@@ -228,6 +229,10 @@ class VllmGenerator(GeneratorCounters, Generator):
         None: the model is whole."""
         self._asleep: set[str] = set()
         """What of a sleeping engine is not on the device (``weights``, ``kv_cache``); empty: awake."""
+        self._frozen: list[int] = []
+        """A sleeping CPU engine's stopped processes (:mod:`agentrl.engine.generation.freeze`); empty: running."""
+        self._loading = 0
+        """Weight loads in progress: a CPU engine is not stopped in the middle of one."""
         self._next_lora_id = 1
         """LoRA: the id of the next adapter loaded. Ids are never reused: vLLM keys its prefix cache
         by adapter id, so a version published again (after a learner restart) under an old id
@@ -353,6 +358,14 @@ class VllmGenerator(GeneratorCounters, Generator):
         # resident again, and the reload below pauses and resumes it (level 2 left the weights'
         # memory empty: the reload fills it).
         await self._wake(["weights", "kv_cache"])
+        self._loading += 1
+        try:
+            return await self._load(version, path, t0)
+        finally:
+            self._loading -= 1
+
+    async def _load(self, version: int, path: str, t0: float) -> float:
+        """:meth:`update_weights` once the engine is awake."""
         if self.settings.max_lora_rank is not None:
             return await self._add_adapter(version, path, t0)
 
@@ -375,21 +388,30 @@ class VllmGenerator(GeneratorCounters, Generator):
 
     # ------------------------------------------------------------ colocated: sleep and wake
     async def sleep(self, level: int) -> float:
-        """Free the GPU for the learner (colocated placement): vLLM's sleep mode (the engine was
-        started with ``sleep_mode``). Level 1 offloads the weights to host memory and drops the KV
-        cache; level 2 drops the weights too (a new version replaces them at the next
-        ``update_weights``). Requests in flight finish first. The next ``update_weights`` or
-        ``generate`` wakes the engine. On CPU nothing is freed (vLLM-CPU has no sleep mode): 0.0.
-        Returns the seconds it took."""
-        if not (self.settings.sleep_mode and self._on_gpu) or self._asleep:
+        """Free the devices for the learner (colocated placement; the engine was started with
+        ``sleep_mode``). On a GPU, vLLM's sleep mode: level 1 offloads the weights to host memory
+        and drops the KV cache; level 2 drops the weights too (a new version replaces them at the
+        next ``update_weights``); requests in flight finish first. On CPU (vLLM-CPU has no sleep
+        mode) the engine's processes are stopped, so that they hold no core while the learner
+        trains (:mod:`agentrl.engine.generation.freeze`; not in the middle of a weight load). The
+        next ``update_weights`` or ``generate`` wakes the engine. Returns the seconds it took."""
+        if not self.settings.sleep_mode or self._asleep or self._frozen:
             return 0.0
         t0 = time.monotonic()
+        if not self._on_gpu:
+            if self._loading == 0 and self.engine is not None:
+                self._frozen = freeze(engine_processes())
+            return time.monotonic() - t0
         await self._bounded(self.engine.sleep(level, mode="wait"), f"sleeping (level {level})")
         self._asleep = {"weights", "kv_cache"}
         return time.monotonic() - t0
 
     async def _wake(self, tags: list[str]) -> None:
-        """Wake the parts ``tags`` (``weights``, ``kv_cache``) of a sleeping engine (no-op awake)."""
+        """Wake the parts ``tags`` (``weights``, ``kv_cache``) of a sleeping engine (no-op awake);
+        a stopped CPU engine's processes continue, whatever ``tags``."""
+        if self._frozen:
+            thaw(self._frozen)
+            self._frozen = []
         todo = [t for t in tags if t in self._asleep]
         if not todo:
             return
@@ -468,6 +490,7 @@ class VllmGenerator(GeneratorCounters, Generator):
         # asleep (colocated, ipc): the weights' memory comes back first, the KV cache only when
         # generation does, so the learner's staging buffer and vLLM's weights share the GPU alone
         await self._wake(["weights"])
+        self._loading += 1  # until end_weight_update: a CPU engine is not stopped mid-update
         await self._bounded(self.engine.pause_generation(mode="keep", clear_cache=self.settings.recompute_kv_on_update), "pausing for a weight update")
         await self._while_updating(self.engine.start_weight_update(), "starting a weight update")
 
@@ -484,6 +507,7 @@ class VllmGenerator(GeneratorCounters, Generator):
     async def end_weight_update(self, version: int) -> float:
         """Finish the update, label the weights ``version`` and resume. Returns the stall (s). On
         failure generation stays paused (see :meth:`begin_weight_update`)."""
+        self._loading = max(0, self._loading - 1)
         await self._while_updating(self.engine.finish_weight_update(str(version)), "finishing a weight update")
         if self._tied:
             await self._while_updating(self.engine.collective_rpc(RETIE_METHOD), "re-tying the output embeddings")
@@ -507,6 +531,9 @@ class VllmGenerator(GeneratorCounters, Generator):
 
     async def shutdown(self) -> None:
         """Stop the engine and its processes."""
+        if self._frozen:  # a stopped process cannot shut down
+            thaw(self._frozen)
+            self._frozen = []
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None

@@ -84,9 +84,9 @@ class LoopSettings:
     step starts only when no group is in flight, and no group starts while it trains, so each
     side has the devices to itself."""
     sleep_level: int = 0
-    """Colocated on GPUs: the generators sleep at this level while the learner trains (1: keep
-    the weights in host memory, for LoRA's base; 2: drop them, a new version replaces them);
-    0: they do not sleep (CPUs: nothing to free)."""
+    """Colocated: the generators sleep at this level while the learner trains (GPUs: 1 keeps the
+    weights in host memory, for LoRA's base; 2 drops them, a new version replaces them; CPUs: 1,
+    the engines' processes are stopped); 0: they do not sleep (separate)."""
     offload_learner: bool = False
     """Colocated on GPUs (``learner.offload_states``): after each published step the learner
     ranks move their parameters and optimizer states to host memory while the generators work;
@@ -308,7 +308,7 @@ class RLLoop:
         hist = staleness_histogram(batch, version)
         samples, stats = batch_samples(batch, self.batch)
         stats["solved_groups"] = sum(no_signal_reason(g, self.batch) == SOLVED for g in batch if g)
-        if self.settings.sleep_level:  # colocated on GPUs: the learner gets the devices' memory
+        if self.settings.sleep_level:  # colocated: the learner gets the GPUs' memory, or the CPUs' cores
             slept = await self.fleet.sleep(self.settings.sleep_level)
             stats["generator_sleep_s"] = max(slept) if slept else 0.0
         t0 = self.clock()

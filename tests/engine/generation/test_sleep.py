@@ -66,10 +66,17 @@ def test_a_request_wakes_a_sleeping_generator_first():
     assert ("wake_up", ("weights", "kv_cache")) in engine.calls
 
 
-def test_sleep_is_a_no_op_on_cpu_and_without_sleep_mode():
-    for sleep_mode, on_gpu in ((True, False), (False, True)):
-        g, engine = generator(sleep_mode, on_gpu)
-        assert asyncio.run(g.sleep(2)) == 0.0 and engine.calls == []
+def test_sleep_is_a_no_op_without_sleep_mode_and_never_calls_vllms_sleep_on_cpu(monkeypatch):
+    from agentrl.engine.generation import generator as generator_module
+
+    stopped: list[list[int]] = []
+    monkeypatch.setattr(generator_module, "freeze", lambda pids: stopped.append(pids) or pids)
+    monkeypatch.setattr(generator_module, "engine_processes", lambda: [4242])
+    g, engine = generator(sleep_mode=False, on_gpu=True)
+    assert asyncio.run(g.sleep(2)) == 0.0 and engine.calls == []
+    g, engine = generator(sleep_mode=True, on_gpu=False)  # colocated on CPUs: the processes stop instead
+    asyncio.run(g.sleep(1))
+    assert engine.calls == [] and stopped == [[4242]]
     assert "enable_sleep_mode" not in engine_kwargs(EngineSettings(model="m", sleep_mode=True), on_gpu=False)
     assert engine_kwargs(EngineSettings(model="m", sleep_mode=True), on_gpu=True)["enable_sleep_mode"] is True
 
