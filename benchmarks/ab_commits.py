@@ -1,0 +1,158 @@
+"""The same run on two commits, measured the same day: a before/after A/B of a change.
+
+Each commit is checked out as a git worktree (``--worktrees``, default ``/tmp/agentrl-ab``), with
+this checkout's ``.venv`` and ``runs/models`` linked in and ``PYTHONPATH`` set to the worktree, so
+that each run imports its own commit's code. ``agentrl train RECIPE`` runs ``--repeats`` times per
+commit, interleaved (a, b, a, b, ...: the machine's drift falls on both), with the same
+overrides (``--set``). Per run, from its ``metrics.jsonl``:
+
+- RL loop seconds (the loop's start to its last step) and samples per second over it;
+- the medians over its steps (the first step, which warms up, left out) of where a step went:
+  the learner's forward/backward (``step_forward_backward_s``), its whole step (``train_s``), its
+  busy time with publishing (``learner_busy_s``), the generators' sleep (``generator_sleep_s``),
+  publishing (``publish_s``) and the generators' update stall (``update_stall_s``);
+- the whole command's wall-clock.
+
+It prints each run and the medians per commit with the ratio after/before (and the per-repeat
+paired ratios of samples/s), and with ``--write`` puts them in benchmarks/RESULTS.md under
+``--key`` (section ``--section``). ``--reuse`` reads runs already finished under ``--out`` (named
+``LABEL_REPEAT``) instead of running them again.
+
+    flock /tmp/agentrl-heavy.lock .venv/bin/python benchmarks/ab_commits.py 14d6b7f 91a1eec \\
+        --labels before after --recipe recipes/tiny_calc.toml --repeats 2 \\
+        --set model.path='"runs/tiny_calc/sft"' --set sft.steps=0 --set learner.max_steps=30 --set eval.limit=0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _measure import emit, run_header
+
+ROOT = Path(__file__).resolve().parent.parent
+STEP_KEYS = (("step_forward_backward_s", "forward/backward"), ("train_s", "learner step"), ("learner_busy_s", "learner busy"),
+             ("generator_sleep_s", "generator sleep"), ("publish_s", "publish"), ("update_stall_s", "update stall"))
+"""Per-step fields reported (median over a run's steps after the first), and their labels."""
+
+
+def worktree(rev: str, root: Path) -> Path:
+    """A worktree of this repository at ``rev`` under ``root`` (made once, reused), with the
+    checkout's ``.venv`` and ``runs/models`` linked in."""
+    sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    path = root / sha
+    if not path.is_dir():
+        root.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["git", "worktree", "add", "--detach", str(path), sha], cwd=ROOT, check=True, capture_output=True)
+    (path / "runs").mkdir(exist_ok=True)
+    for link, target in ((path / ".venv", ROOT / ".venv"), (path / "runs" / "models", ROOT / "runs" / "models")):
+        if not link.exists():
+            link.symlink_to(target)
+    return path
+
+
+def run_once(tree: Path, recipe: str, run_dir: Path, overrides: list[str], timeout_s: float) -> float:
+    """``agentrl train recipe`` in ``tree`` (its own code on ``PYTHONPATH``) into ``run_dir``;
+    the whole command's seconds. Raises ``SystemExit`` naming the log when it fails."""
+    cmd = [str(tree / ".venv" / "bin" / "agentrl"), "train", recipe, "--fresh", "--set", f'run_dir="{run_dir}"']
+    for o in overrides:
+        cmd += ["--set", o]
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with open(f"{run_dir}.log", "w") as log:
+        rc = subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, stdout=log, stderr=subprocess.STDOUT,
+                            timeout=timeout_s, check=False).returncode
+    if rc:
+        raise SystemExit(f"{' '.join(cmd)} failed ({rc}) in {tree}; see {run_dir}.log")
+    seconds = time.monotonic() - t0
+    Path(f"{run_dir}.command_s").write_text(f"{seconds:.1f}\n")
+    return seconds
+
+
+def run_stats(run_dir: Path, samples_per_step: int) -> dict[str, float]:
+    """What one finished run measured (see the module docstring)."""
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r for r in recs if r.get("kind") == "step"]
+    start = next(r["time"] for r in recs if r.get("loop_start"))
+    if not steps:
+        raise SystemExit(f"{run_dir}: no step was logged")
+    loop_s = steps[-1]["time"] - start
+    later = steps[1:] or steps
+    out = {"steps": float(len(steps)), "loop_s": loop_s, "samples_per_s": samples_per_step * len(steps) / loop_s}
+    out.update({key: median(s.get(key, 0.0) for s in later) for key, _ in STEP_KEYS})
+    command = Path(f"{run_dir}.command_s")
+    if command.is_file():
+        out["command_s"] = float(command.read_text())
+    return out
+
+
+def compare(runs: dict[str, list[dict[str, float]]], labels: tuple[str, str]) -> list[str]:
+    """The medians per commit and the after/before ratios, as markdown lines."""
+    a, b = labels
+    keys = [("samples_per_s", "samples/s"), ("loop_s", "RL loop s"), *STEP_KEYS, ("command_s", "whole command s")]
+    lines = [f"| | {a} (median) | {b} (median) | {b} / {a} |", "| --- | ---: | ---: | ---: |"]
+    for key, label in keys:
+        va = [r[key] for r in runs[a] if key in r]
+        vb = [r[key] for r in runs[b] if key in r]
+        if not va or not vb:
+            continue
+        ma, mb = median(va), median(vb)
+        lines.append(f"| {label} | {ma:.3f} | {mb:.3f} | {mb / ma:.2f}x |" if ma else f"| {label} | {ma:.3f} | {mb:.3f} | - |")
+    paired = [rb["samples_per_s"] / ra["samples_per_s"] for ra, rb in zip(runs[a], runs[b])]
+    lines += ["", f"samples/s, {b} over {a}, per repeat (paired in order): " + ", ".join(f"{p:.2f}x" for p in paired)
+              + f"; median {median(paired):.2f}x"]
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("revs", nargs=2, metavar="REV", help="the two commits: before, after")
+    ap.add_argument("--labels", nargs=2, default=("before", "after"))
+    ap.add_argument("--recipe", default="recipes/tiny_calc.toml")
+    ap.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--samples-per-step", type=int, default=None, help="default: the recipe's learner.batch_size")
+    ap.add_argument("--out", default="/tmp/agentrl-ab/runs")
+    ap.add_argument("--worktrees", default="/tmp/agentrl-ab")
+    ap.add_argument("--timeout-s", type=float, default=3600)
+    ap.add_argument("--reuse", action="store_true", help="read runs already finished under --out")
+    ap.add_argument("--write", action="store_true")
+    ap.add_argument("--key", default="ab_commits")
+    ap.add_argument("--section", default="Before and after, the same day")
+    args = ap.parse_args()
+    started = time.time()
+    labels = tuple(args.labels)
+    out = Path(args.out)
+    samples = args.samples_per_step
+    if samples is None:
+        from agentrl.config import load_recipe
+
+        samples = load_recipe(ROOT / args.recipe, list(args.overrides)).learner.batch_size
+    trees = {label: None if args.reuse else worktree(rev, Path(args.worktrees)) for label, rev in zip(labels, args.revs)}
+    runs: dict[str, list[dict[str, float]]] = {label: [] for label in labels}
+    for rep in range(1, args.repeats + 1):
+        for label in labels:
+            run_dir = out / f"{label}_{rep}"
+            if not (args.reuse and (run_dir / "metrics.jsonl").is_file()):
+                run_once(trees[label] or worktree(args.revs[labels.index(label)], Path(args.worktrees)), args.recipe, run_dir,
+                         args.overrides, args.timeout_s)
+            stats = run_stats(run_dir, samples)
+            runs[label].append(stats)
+            print(f"{label} {rep}: " + ", ".join(f"{k} {v:.3f}" for k, v in stats.items()), flush=True)
+    lines = [run_header(started), "",
+             f"`{args.recipe}` with {' '.join('`' + o + '`' for o in args.overrides) or 'no overrides'}; {labels[0]} = "
+             f"{args.revs[0]}, {labels[1]} = {args.revs[1]}; {args.repeats} repeats each, interleaved; step times are "
+             f"medians over each run's steps after the first, then the median over runs.", "", *compare(runs, labels)]
+    emit("\n".join(lines), args.key, args.write, section=args.section)
+
+
+if __name__ == "__main__":
+    main()

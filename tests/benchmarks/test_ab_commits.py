@@ -1,0 +1,48 @@
+"""benchmarks/ab_commits.py: what it reads from a run and how it compares two commits."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture
+def ab(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    spec = importlib.util.spec_from_file_location("ab_commits_under_test", BENCH / "ab_commits.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    yield mod
+    sys.modules.pop("ab_commits_under_test", None)
+
+
+def fake_run(path: Path, step_s: float, fwd: list[float], command_s: float | None = None) -> Path:
+    recs = [{"time": 100.0, "loop_start": True}]
+    recs += [{"kind": "step", "time": 100.0 + step_s * (i + 1), "step_forward_backward_s": f} for i, f in enumerate(fwd)]
+    path.mkdir(parents=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    if command_s is not None:
+        Path(f"{path}.command_s").write_text(f"{command_s}\n")
+    return path
+
+
+def test_a_run_is_read_as_loop_seconds_samples_per_second_and_step_medians_after_the_first(ab, tmp_path):
+    stats = ab.run_stats(fake_run(tmp_path / "a_1", 2.0, [9.0, 1.0, 3.0, 2.0], command_s=60.0), samples_per_step=32)
+    assert stats["loop_s"] == 8.0 and stats["samples_per_s"] == 16.0 and stats["command_s"] == 60.0
+    assert stats["step_forward_backward_s"] == 2.0  # the warm-up step (9 s) is left out
+    assert stats["generator_sleep_s"] == 0.0  # a field the run does not log reads as 0
+
+
+def test_the_comparison_is_after_over_before_with_paired_repeats(ab):
+    before = [{"samples_per_s": 10.0, "loop_s": 90.0}, {"samples_per_s": 12.0, "loop_s": 80.0}]
+    after = [{"samples_per_s": 12.0, "loop_s": 75.0}, {"samples_per_s": 12.0, "loop_s": 70.0}]
+    lines = ab.compare({"old": before, "new": after}, ("old", "new"))
+    assert "| samples/s | 11.000 | 12.000 | 1.09x |" in lines
+    assert "| RL loop s | 85.000 | 72.500 | 0.85x |" in lines
+    assert lines[-1].endswith("1.20x, 1.00x; median 1.10x")
