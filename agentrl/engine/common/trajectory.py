@@ -94,3 +94,20 @@ class Trajectory:
         """Newest weight version that wrote a token of this episode (None if it wrote none)."""
         vs = [v for v, m in zip(self.versions, self.loss_mask) if m]
         return max(vs) if vs else None
+
+
+def episode_time_means(flat: list[Trajectory]) -> dict[str, float]:
+    """Where an episode's time went, means over those of ``flat`` that measured it (seconds,
+    each episode on its own clock; episodes run concurrently, so these do not add up to the
+    step): ``episode_s_mean`` (start to end, scoring included), ``episode_generate_s_mean``
+    (awaiting the generator, over all turns), ``episode_env_s_mean`` (awaiting the environment:
+    its tools and sandbox). Empty when no episode measured them (agent episodes)."""
+    timed = [t for t in flat if "generate_s" in t.metrics]
+    if not timed:
+        return {}
+    n = len(timed)
+    return {
+        "episode_s_mean": sum(t.metrics.get("latency_s", 0.0) for t in timed) / n,
+        "episode_generate_s_mean": sum(t.metrics["generate_s"] for t in timed) / n,
+        "episode_env_s_mean": sum(t.metrics.get("env_s", 0.0) for t in timed) / n,
+    }

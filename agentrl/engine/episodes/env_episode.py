@@ -86,6 +86,7 @@ async def play_episode(
     info: dict[str, Any] = {}
     turns = 0
     tool_calls = tool_errors = 0
+    generate_s = env_s = 0.0  # awaiting the generator, awaiting the environment (its tools, the sandbox)
 
     def extend(ids: list[int], m: int, lp: list[float] | None = None, v: list[int] | None = None) -> None:
         tokens.extend(ids)
@@ -102,12 +103,16 @@ async def play_episode(
             params = dict(sampling, max_tokens=budget)
             if seed_sampling:
                 params["seed"] = episode_seed(seed, prompt_index, sample_index, turns)
+            t_gen = time.monotonic()
             gen = await generate(list(tokens), params)
+            generate_s += time.monotonic() - t_gen
             turns += 1
             extend(gen.token_ids, 1, gen.logprobs, gen.versions)
             text = tokenizer.decode(gen.token_ids, skip_special_tokens=False)
             action = renderer.strip_special_suffix(text)
+            t_env = time.monotonic()
             obs, r, terminated, truncated, step_info = await _env_step(env, action)
+            env_s += time.monotonic() - t_env
             reward += float(r)
             if conversation is not None:
                 conversation += [{"role": "assistant", "content": action}, *(dict(m) for m in obs or [])]
@@ -154,6 +159,8 @@ async def play_episode(
             "tool_errors": float(tool_errors),
             "generated_tokens": float(sum(mask)),
             "latency_s": time.monotonic() - t0,
+            "generate_s": generate_s,
+            "env_s": env_s,
         },
         info=info,
     )

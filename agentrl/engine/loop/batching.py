@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.engine.common.trajectory import AGENT_FAILURE, Trajectory
+from agentrl.engine.common.trajectory import AGENT_FAILURE, Trajectory, episode_time_means
 
 __all__ = ["FAILED", "SOLVED", "BatchSettings", "batch_samples", "no_signal_reason", "staleness_histogram"]
 
@@ -91,6 +91,7 @@ def batch_samples(batch: list[list[Trajectory]], settings: BatchSettings) -> tup
         "tool_calls_mean": sum(t.metrics.get("tool_calls", 0) for t in flat) / n,
         "tool_errors_mean": sum(t.metrics.get("tool_errors", 0) for t in flat) / n,
         "generated_tokens_mean": sum(t.num_generated for t in flat) / n,
+        **episode_time_means(flat),
         "max_token_version": max((t.newest_version or 0) for t in flat) if flat else 0,
         "zero_variance_groups_dropped": dropped_groups,
         "samples_trained": len(trained_ids),

@@ -19,6 +19,11 @@ ReTool's measurements of tool use (over the same episodes):
   ``recovery_rate`` the share of them that still solved the task (0 when there were none);
 - ``response_tokens_mean``: tokens the model wrote per episode, over all its turns (a count).
 
+Where the episodes' time went (seconds per episode, each on its own clock: they run concurrently):
+``episode_s_mean``, ``episode_generate_s_mean`` (awaiting the generator) and
+``episode_env_s_mean`` (awaiting the environment's tools and sandbox)
+(:func:`~agentrl.engine.common.trajectory.episode_time_means`).
+
 An evaluation may hold further named sets (``[eval.sets.NAME]``, e.g. an out-of-distribution
 set): each is played with the same weights and its metrics join the record as ``NAME/accuracy``,
 ``NAME/tool_call_rate`` and so on.
@@ -34,7 +39,7 @@ from typing import Any
 from rich.markup import escape
 
 from agentrl.engine.loop.degenerate import diagnose_eval
-from agentrl.engine.common.trajectory import AGENT_FAILURE, Trajectory
+from agentrl.engine.common.trajectory import AGENT_FAILURE, Trajectory, episode_time_means
 
 __all__ = ["Evaluator", "eval_sets", "evaluate", "summarise"]
 
@@ -58,6 +63,7 @@ def summarise(trajs: list[Trajectory]) -> dict[str, float]:
         "episodes": float(len(ok)),
         "infra_failures": float(sum(not t.trainable and t.status != AGENT_FAILURE for t in trajs)),
         "agent_failures": float(sum(t.status == AGENT_FAILURE for t in trajs)),
+        **episode_time_means(ok),
         "overflow_before_generating": float(sum(t.status == "overflow" and t.num_generated == 0 for t in trajs)),
         "overflow_prompt_tokens": float(max((len(t.tokens) for t in trajs if t.status == "overflow" and t.num_generated == 0), default=0)),
     }

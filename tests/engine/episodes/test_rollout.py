@@ -189,3 +189,26 @@ def test_routing_least_outstanding_tokens_with_group_affinity(tiny_calc_model):
         owners = [k for k, g in enumerate(gens) if seeds & set(g.calls)]
         assert len(owners) == 1 and seeds <= set(gens[owners[0]].calls), (i, [g.calls for g in gens])
     assert worker.outstanding == [0, 0]
+
+
+def test_an_episode_says_how_long_it_waited_for_the_generator_and_for_the_environment(tok_with_template):
+    import time
+
+    tok = tok_with_template(None)
+    scripted = ScriptedGenerator(tok, ["<code>print(12*34+5)</code>", "It is \\boxed{413}<|im_end|>"])
+
+    async def slow_generator(ids, params):
+        await anyio.sleep(0.2)
+        return await scripted(ids, params)
+
+    def slow_reply(code):
+        time.sleep(0.3)  # the sandbox's time, blocking like a real execution's wait
+        return __import__("agentrl.sandbox.testing", fromlist=["exec_in_process"]).exec_in_process(code)
+
+    env = CalcEnv(sandbox=FakeSandbox(reply=slow_reply), max_turns=3)
+    t = anyio.run(lambda: play_episode(env, tok, slow_generator, row=ROW, group_id="g", prompt_index=0, sample_index=0, seed=0,
+                                       sampling={}, max_new_tokens=64, max_episode_tokens=1024))
+    assert t.status == "ok" and t.metrics["turns"] == 2
+    assert 0.4 <= t.metrics["generate_s"] < 0.6  # two turns of 0.2 s
+    assert 0.3 <= t.metrics["env_s"] < 0.45  # one code block
+    assert t.metrics["latency_s"] >= t.metrics["generate_s"] + t.metrics["env_s"]

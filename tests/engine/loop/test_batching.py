@@ -59,3 +59,15 @@ def test_agent_failures_are_counted_apart_from_infra_failures():
     batch = [[_traj(1.0, "a", 2), _traj(0.0, "a", 2, status="agent_failure"), _traj(0.0, "a", 2, status="infra_failure")]]
     samples, stats = batch_samples(batch, _settings())
     assert len(samples) == 1 and stats["agent_failures_batch"] == 1 and stats["infra_failures_batch"] == 1
+
+
+def test_the_batch_says_where_its_episodes_time_went_over_the_episodes_that_measured_it():
+    timed = [_traj(1.0, "a", 4), _traj(0.0, "a", 4)]
+    for t, (gen, env) in zip(timed, [(1.0, 0.5), (3.0, 1.5)]):
+        t.metrics.update(latency_s=gen + env + 0.1, generate_s=gen, env_s=env)
+    untimed = [_traj(1.0, "b", 4), _traj(0.0, "b", 4)]  # agent episodes measure no split
+    _, stats = batch_samples([timed, untimed], _settings())
+    assert stats["episode_generate_s_mean"] == 2.0 and stats["episode_env_s_mean"] == 1.0
+    assert stats["episode_s_mean"] == pytest.approx(3.1)
+    _, none = batch_samples([untimed], _settings())
+    assert "episode_generate_s_mean" not in none
