@@ -1,14 +1,71 @@
-"""A peer, side by side: TRL's ``GRPOTrainer`` on agentrl's tiny calculator task (issue 22).
+"""A peer, side by side: TRL's ``GRPOTrainer`` against agentrl on agentrl's tiny calculator task
+(issues 22 and 33), interleaved in one invocation over several seeds.
 
 Same start (the tiny SFT checkpoint ``runs/tiny_calc/sft``), same task (``agentrl/Calc-v0``: the
 model writes Python in ``<code>...</code>``, the interpreter answers in ``<interpreter>``, up to 3
-turns, reward 1 for the right ``\\boxed{}``), same machine, same samples (120 steps x 32 episodes =
-8 prompts x 4), same held-out measurement (agentrl's own evaluator, ``agentrl train ... mode="eval"``,
-on the same 128 problems at temperature 1.0, on checkpoints TRL saves every ``--save-every`` steps).
-agentrl's side runs in the same invocation, right after TRL's (``agentrl train
-recipes/tiny_calc.toml`` from the same SFT checkpoint, ``--steps`` learner steps, evaluated every
-``--save-every`` steps), so that both sides see the same machine and load; ``--agentrl-run DIR``
-reads an existing run instead (the block then says so).
+turns, reward 1 for the right ``\\boxed{}``), same machine, same samples (``--steps`` x 32 episodes
+= 8 prompts x 4 per step), same held-out measurement (agentrl's own evaluator on 128 problems at
+temperature 1.0).
+
+Seeds and order
+---------------
+For every seed ``s`` of ``--seeds`` (default ``0,1,2``) both sides run, one after the other, each
+in its own process timed by this script with the same clock (``time.monotonic`` around the child
+process):
+
+- **TRL**: this script run again as a child (``--trl-child``), ``GRPOConfig(seed=s, data_seed=s)``,
+  the training rows ``load_rows("synthetic:calc", limit=512, seed=s)`` (the rows agentrl's run with
+  ``seed=s`` trains on), checkpoints ``out/seed{s}/trl/ckpt-<step>`` every ``--save-every`` steps;
+- **agentrl**: ``agentrl train recipes/tiny_calc.toml --set seed=s`` from the same SFT checkpoint
+  (``sft.steps=0``, ``learner.max_steps=--steps``, ``eval.every_steps=--save-every``) in
+  ``out/seed{s}/agentrl``.
+
+The side that goes first alternates: the first seed listed runs TRL first, the second agentrl
+first, and so on, so that a drift of the machine's load does not favour one side. The load
+average (``os.getloadavg()``) is recorded before and after every run. After both trainings of a
+seed, every TRL checkpoint of that seed is scored by agentrl's evaluator (``agentrl train ...
+mode="eval" seed=s``, ``out/seed{s}/trl_eval/step-<step>``): the evaluation rows and every turn's
+sampling seed derive from the recipe's ``seed`` (``load_rows(..., split="test", seed=seed)`` and
+``rollout.seed_sampling``), so with ``seed=s`` every TRL checkpoint of seed ``s`` is scored on the
+same 128 problems with the same sampling seeds as agentrl's own evaluations in its seed-``s``
+run; the step-0 evaluations of the two sides score the same SFT checkpoint and are printed side
+by side as a check. Seeds differ in training rows, evaluation rows and sampling.
+
+``--reuse`` reads a finished run (per seed and side: its record ``out/seed{s}/<side>.bench.json``
+is written only when the run succeeded) and a finished evaluation instead of running them again.
+The single-seed option ``--agentrl-run DIR`` (agentrl's side read from an earlier run) is gone:
+every seed needs its own agentrl run measured beside its TRL run, and ``--reuse`` re-reads them.
+
+Clocks
+------
+- **RL loop** (samples/s and wall-clock to an accuracy): TRL's training seconds = wall-clock since
+  ``on_train_begin`` minus the time spent saving checkpoints (model loading and trainer set-up
+  excluded). agentrl's = the loop's wall-clock in its ``utilisation`` record (``rl_wall_s``: loop
+  start to the last step's weights loaded; Ray, vLLM and sandbox start-up, the final checkpoint
+  write and the step-0 and final evaluations are outside it) minus the seconds of the evaluations
+  inside the loop; its time at an evaluation is :func:`_measure.eval_curve`'s ``rl_s`` (time since
+  the loop's start without evaluation time).
+- **Whole command**: the child process from start to exit. TRL's includes Python start-up, model
+  loading, trainer set-up, training and saving; agentrl's also includes its evaluations (shown
+  beside it, from the ``eval_s`` of its evaluation records), Ray, the vLLM engine and the sandbox.
+- **Time per step**: TRL's from its per-step clock (``trl_steps.jsonl``: the step, of it HF
+  ``generate`` and the environment/sandbox, the rest = loss, backward, optimiser and TRL's own
+  work), medians over the steps. agentrl's from the step records of its ``metrics.jsonl``: the
+  interval between step records, the learner rank's ``train_s`` (of it ``step_forward_backward_s``
+  and ``step_optimizer_s``), ``step_transfer_s`` (the batch's way to the rank and back),
+  ``publish_s`` (publishing the new weights), ``update_stall_s`` (the longest generator stall for
+  the update) and ``generator_sleep_s`` (the hand-over: generators put to sleep before training,
+  colocated mode), medians over the steps. agentrl logs no per-step generation or sandbox seconds:
+  the interval less ``learner_busy_s`` (training, transfer and publishing) is the time a step
+  waited for its episodes (colocated, as on this machine: the generation phase, sandbox
+  included), and its ``utilisation`` record gives the generator's and the learner's busy
+  fractions of the loop.
+
+The goal (issue 33) is checked as stated: agentrl trains >= 1.3x TRL's samples per second (the
+median over seeds of the per-seed ratio agentrl/TRL, RL-loop clocks) and reaches TRL's final
+held-out accuracy in less wall-clock (per seed: agentrl's first evaluation at or above TRL's
+final accuracy of that seed comes at fewer RL-loop seconds than TRL's first checkpoint at or above
+it; met when that holds in more than half of the seeds). Both parts must hold.
 
 The TRL setup, and what differs from agentrl's
 -----------------------------------------------
@@ -37,31 +94,30 @@ The TRL setup, and what differs from agentrl's
   ``token-mean``), ``epsilon=0.2``, ``epsilon_high=0.28`` (agentrl's clip 0.2/0.28), ``beta=0`` (no
   KL, as agentrl), ``scale_rewards="group"`` (group mean and std, as agentrl's ``grpo``
   advantage), ``num_iterations=1``. TRL is on-policy (generate, then one step), so its ratio is 1
-  and clipping never acts; agentrl is asynchronous (a step trains on samples up to one version
-  old, ``max_staleness = 1``) with decoupled clipping and a dual clip of 3 — the one algorithmic
-  difference, inherent to the two designs.
+  and clipping never acts. agentrl's recipe allows samples one version old (``max_staleness =
+  1``, decoupled clipping, a dual clip of 3), but on one CPU machine ``placement.mode = "auto"``
+  makes it colocated (its log's first lines say so): generation and training take turns and the
+  staleness bound in force is 0, so both sides train on-policy here; on separate devices (GPUs)
+  agentrl would overlap them and train on samples up to one version old.
 - **Optimiser**: AdamW, lr 1e-4 constant, no warm-up, betas (0.9, 0.999), eps 1e-8, no weight
   decay, gradient norm clipped at 1.0 (agentrl's defaults); one optimiser step per 32 episodes.
-- **Data**: the same 512 training rows (``load_rows("synthetic:calc", limit=512, seed=0)``), in
-  TRL's sampler order (seed 0) rather than agentrl's; the held-out rows are agentrl's eval split
-  (``load_rows(..., split="test", limit=128, seed=0)``), read by agentrl's evaluator itself.
-- **Clock**: TRL's training seconds at a checkpoint = wall-clock since ``on_train_begin``, minus
-  the time spent saving checkpoints (model loading and trainer set-up excluded, as agentrl's "RL s"
-  excludes Ray/vLLM start-up and evaluation). Evaluation runs afterwards, one ``agentrl train
-  mode="eval"`` per checkpoint.
+- **Data**: the same 512 training rows per seed (``load_rows("synthetic:calc", limit=512,
+  seed=s)``), in TRL's sampler order (``data_seed=s``) rather than agentrl's; the held-out rows are
+  agentrl's eval split for that seed, read by agentrl's evaluator itself.
 
 Commands (every heavy command under the shared lock)::
 
-    # smoke: 2 steps, no evaluation
-    flock /tmp/agentrl-heavy.lock .venv/bin/python benchmarks/trl_peer.py --steps 2 --save-every 2 --no-eval --out runs/bench_trl_peer_smoke
-    # the full run: 120 steps, checkpoints every 20, each evaluated by agentrl, table printed
-    # (add --write to also put it into RESULTS.md)
-    flock /tmp/agentrl-heavy.lock .venv/bin/python benchmarks/trl_peer.py --steps 120 --save-every 20
-    # re-read that run's clock and evaluations (no training, no evaluation) and write the block
-    .venv/bin/python benchmarks/trl_peer.py --steps 120 --save-every 20 --reuse --write
-    # which runs, per checkpoint, agentrl's evaluator:
-    .venv/bin/agentrl train recipes/tiny_calc.toml --set mode="eval" --set model.path="runs/bench_trl_peer/ckpt-20" \\
-        --set sft.steps=0 --set run_dir="runs/bench_trl_peer/eval-20"
+    # smoke: 2 seeds, 2 steps, checkpoints at steps 0 and 2, each evaluated
+    flock /tmp/agentrl-heavy.lock .venv/bin/python benchmarks/trl_peer.py --seeds 0,1 --steps 2 --save-every 2 --out runs/bench_trl_peer_smoke
+    # the full run: 3 seeds x 2 sides x 120 steps, checkpoints every 20, each evaluated; the report
+    # printed (add --write to also put it into RESULTS.md, block trl_peer)
+    flock /tmp/agentrl-heavy.lock .venv/bin/python benchmarks/trl_peer.py --seeds 0,1,2 --steps 120 --save-every 20
+    # re-read the finished runs and evaluations (no training, no evaluation) and write the block
+    .venv/bin/python benchmarks/trl_peer.py --seeds 0,1,2 --steps 120 --save-every 20 --reuse --write
+    # one TRL checkpoint scored by agentrl's evaluator, as the script does it (seed s = 1 here):
+    .venv/bin/agentrl train recipes/tiny_calc.toml --set mode="eval" --set seed=1 \\
+        --set model.path="runs/bench_trl_peer/seed1/trl/ckpt-20" --set sft.steps=0 \\
+        --set run_dir="runs/bench_trl_peer/seed1/trl_eval/step-20"
 """
 
 from __future__ import annotations
@@ -70,19 +126,24 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import mean, median
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _measure import emit, eval_curve, run_header
-from ppo_vs_grpo import train as agentrl_train
+from _measure import agentrl_train, emit, eval_curve, run_header
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = "recipes/tiny_calc.toml"
 SAMPLES_PER_STEP = 32
+SPEEDUP_GOAL = 1.3
+"""Issue 33's throughput goal: agentrl's samples/s at least this many times TRL's."""
+SIDES = ("TRL", "agentrl")
 
 
 # ------------------------------------------------------------------ the rollout TRL runs
@@ -181,12 +242,15 @@ def env_reward(prompts: list, completions: list, env_reward: list[float], **_: A
     return list(env_reward)
 
 
-# ------------------------------------------------------------------ training
+# ------------------------------------------------------------------ training (the TRL child process)
 
 
-def train_trl(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
-    """Run GRPOTrainer for ``args.steps`` steps, saving ``out/ckpt-<step>`` every ``args.save_every``;
-    return ``[{step, train_s}]`` (step 0 = the SFT checkpoint, 0 s) and write ``out/trl_clock.json``."""
+def train_trl(steps: int, save_every: int, sft: str, seed: int, out: Path) -> None:
+    """Run GRPOTrainer with ``seed`` for ``steps`` steps from the checkpoint ``sft``, saving
+    ``out/ckpt-<step>`` every ``save_every`` steps and at the last. Writes ``out/trl_clock.json``
+    (``[{step, train_s, path, generate_s, env_s}]`` at each checkpoint, step 0 = the SFT checkpoint
+    at 0 s; seconds cumulative, saving excluded), ``out/trl_steps.jsonl`` (the same cumulative
+    seconds after every step) and ``out/trl_logs.jsonl`` (TRL's logged numbers per step)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
     from datasets import Dataset
@@ -194,23 +258,24 @@ def train_trl(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     from trl import GRPOConfig, GRPOTrainer
 
     from agentrl.config import load_recipe
+    from agentrl.envs import make_env
     from agentrl.envs.data import load_rows
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     torch.set_num_threads(os.cpu_count() or 1)
+    out.mkdir(parents=True, exist_ok=True)
     recipe = load_recipe(ROOT / RECIPE)
-    sft = str(ROOT / args.sft)
     tokenizer = AutoTokenizer.from_pretrained(sft, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(sft, dtype=torch.float32)
-    rows = load_rows(recipe.data.source, limit=recipe.data.limit, seed=recipe.seed)
-    env = __import__("agentrl.envs", fromlist=["make_env"]).make_env(recipe.env.id, **recipe.env.kwargs)
+    rows = load_rows(recipe.data.source, limit=recipe.data.limit, seed=seed)  # agentrl's rows with seed=s
+    env = make_env(recipe.env.id, **recipe.env.kwargs)
     dataset = Dataset.from_list([{"prompt": env.unwrapped.initial_messages(r)} for r in rows])
     stop_ids = [tokenizer.convert_tokens_to_ids(t) for t in (tokenizer.eos_token, *recipe.rollout.stop)]
     assert all(isinstance(i, int) and i >= 0 for i in stop_ids), stop_ids
 
     config = GRPOConfig(
         output_dir=str(out / "trainer"),
-        max_steps=args.steps,
+        max_steps=steps,
         per_device_train_batch_size=SAMPLES_PER_STEP,
         gradient_accumulation_steps=1,
         num_generations=recipe.rollout.group_size,
@@ -238,8 +303,8 @@ def train_trl(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
         bf16=False,
         fp16=False,
         gradient_checkpointing=False,
-        seed=recipe.seed,
-        data_seed=recipe.seed,
+        seed=seed,
+        data_seed=seed,
         logging_steps=1,
         save_strategy="no",
         report_to="none",
@@ -248,7 +313,8 @@ def train_trl(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     rollout = CalcRollout(recipe, tokenizer, rows)
     rollout.samples_path = out / "samples.jsonl"
     rollout.samples_path.unlink(missing_ok=True)
-    clock: list[dict[str, Any]] = [{"step": 0, "train_s": 0.0, "path": sft}]
+    clock: list[dict[str, Any]] = [{"step": 0, "train_s": 0.0, "path": sft, "generate_s": 0.0, "env_s": 0.0}]
+    per_step: list[dict[str, Any]] = []
     train_logs: list[dict[str, Any]] = []
 
     class Clock(TrainerCallback):
@@ -264,16 +330,18 @@ def train_trl(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
 
         def on_step_end(self, a, state, control, model=None, **kw):
             step = state.global_step
-            if step % args.save_every and step != args.steps:
+            at = {"step": step, "train_s": time.monotonic() - self.start - self.saving,
+                  "generate_s": rollout.generate_s, "env_s": rollout.env_s}
+            per_step.append(at)
+            if step % save_every and step != steps:
                 return
-            at = time.monotonic() - self.start - self.saving
             t0 = time.monotonic()
             path = out / f"ckpt-{step}"
             trainer.model.save_pretrained(path)
             tokenizer.save_pretrained(path)
             self.saving += time.monotonic() - t0
-            clock.append({"step": step, "train_s": at, "path": str(path), "generate_s": rollout.generate_s, "env_s": rollout.env_s})
-            print(f"checkpoint {path}: step {step}, {at:.1f} s of training", flush=True)
+            clock.append({**at, "path": str(path)})
+            print(f"checkpoint {path}: step {step}, {at['train_s']:.1f} s of training", flush=True)
 
     trainer = GRPOTrainer(model=model, reward_funcs=env_reward, args=config, train_dataset=dataset,
                           processing_class=tokenizer, rollout_func=rollout, callbacks=[Clock()])
@@ -284,135 +352,541 @@ def train_trl(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     finally:
         rollout.close()
     (out / "trl_clock.json").write_text(json.dumps(clock, indent=1))
+    (out / "trl_steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in per_step))
     (out / "trl_logs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train_logs))
-    return clock
 
 
-# ------------------------------------------------------------------ evaluation with agentrl's evaluator
+# ------------------------------------------------------------------ running the two sides
 
 
-def evaluate(path: str, run_dir: Path) -> dict[str, Any]:
-    """Held-out accuracy of the checkpoint ``path`` by agentrl's evaluator (``mode="eval"``):
-    the recipe's 128 eval-split problems at temperature 1.0; the eval record of its metrics.jsonl."""
-    metrics = run_dir / "metrics.jsonl"
-    if not metrics.is_file():
-        cmd = [str(ROOT / ".venv/bin/agentrl"), "train", RECIPE, "--set", 'mode="eval"', "--set", f'model.path="{path}"',
-               "--set", "sft.steps=0", "--set", f'run_dir="{run_dir}"']
-        run_dir.parent.mkdir(parents=True, exist_ok=True)
-        with open(f"{run_dir}.log", "w") as log:
-            rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=1800, check=False).returncode
-        if rc:
-            raise SystemExit(f"{' '.join(cmd)} failed ({rc}); see {run_dir}.log")
-    recs = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    return [r for r in recs if r.get("kind") == "eval"][-1]
+def _bench_path(seed_dir: Path, side: str) -> Path:
+    """Where the record of ``side``'s finished run of a seed lies (``<seed_dir>/<side>.bench.json``)."""
+    return seed_dir / f"{side.lower()}.bench.json"
 
 
-def agentrl_curve(run_dir: Path) -> tuple[list[dict[str, Any]], float, int]:
-    """agentrl's ``[{version, rl_s, accuracy}]`` (RL wall-clock without evaluation time, as
-    ppo_vs_grpo computes it), its total RL seconds and its number of steps."""
-    out = eval_curve(str(run_dir))
-    return out, out[-1]["rl_s"], out[-1]["version"]
+def run_trl_child(args: argparse.Namespace, seed: int, out: Path) -> float:
+    """Run TRL's training for ``seed`` in a child process (this script with ``--trl-child``), its
+    console into ``OUT.log``; return its wall-clock seconds, process start to exit."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--trl-child", str(out), "--seed", str(seed),
+           "--steps", str(args.steps), "--save-every", str(args.save_every), "--sft", str(ROOT / args.sft)]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with open(f"{out}.log", "w") as log:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=3 * 3600, check=False).returncode
+    if rc:
+        raise SystemExit(f"{' '.join(cmd)} failed ({rc}); see {out}.log")
+    return time.monotonic() - t0
 
 
-def faster(trl_rate: float, agentrl_rate: float) -> str:
-    """Which side has the higher training throughput, and by how much."""
-    if trl_rate >= agentrl_rate:
-        return f"TRL is {trl_rate / agentrl_rate:.2f}x agentrl's rate"
-    return f"agentrl is {agentrl_rate / trl_rate:.2f}x TRL's rate"
+def run_agentrl(args: argparse.Namespace, seed: int, out: Path) -> float:
+    """Run ``agentrl train`` with ``seed`` from the SFT checkpoint into ``out``; return its
+    wall-clock seconds (:func:`_measure.agentrl_train`). ``--no-eval`` turns its evaluations off."""
+    evals = ["eval.limit=0", "eval.every_steps=0"] if args.no_eval else [f"eval.every_steps={args.save_every}"]
+    overrides = [f"seed={seed}", f'model.path="{ROOT / args.sft}"', "sft.steps=0", f"learner.max_steps={args.steps}", *evals]
+    return agentrl_train(RECIPE, out, overrides, timeout_s=3 * 3600)
 
 
-def first_reaching(curve: list[dict[str, Any]], threshold: float) -> dict[str, Any] | None:
-    """The first evaluation of ``curve`` at or above ``threshold``, or None."""
-    return next((p for p in curve if p["accuracy"] >= threshold - 1e-9), None)
+def ensure_run(args: argparse.Namespace, side: str, seed: int, seed_dir: Path, first: bool) -> bool:
+    """Run ``side`` for ``seed`` into ``seed_dir/<side>`` unless ``--reuse`` finds it finished;
+    record its whole command's seconds and the 1/5/15-minute load averages before and after in
+    ``<seed_dir>/<side>.bench.json`` (written only on success). True when it ran now."""
+    bench = _bench_path(seed_dir, side)
+    settings = {"steps": args.steps, "save_every": args.save_every, "no_eval": args.no_eval, "sft": args.sft}
+    if args.reuse and bench.is_file():
+        recorded = json.loads(bench.read_text())
+        differ = {k: (recorded.get(k), v) for k, v in settings.items() if recorded.get(k) != v}
+        if differ:
+            raise SystemExit(f"--reuse: {bench} was run with other settings (recorded, asked): {differ}; "
+                             "give the same settings, another --out, or drop --reuse")
+        print(f"seed {seed} {side}: reusing the finished run in {seed_dir / side.lower()}", flush=True)
+        return False
+    bench.unlink(missing_ok=True)
+    print(f"seed {seed} {side}: training -> {seed_dir / side.lower()}", flush=True)
+    before, started = os.getloadavg(), time.time()
+    run = run_trl_child if side == "TRL" else run_agentrl
+    seconds = run(args, seed, seed_dir / side.lower())
+    after = os.getloadavg()
+    bench.write_text(json.dumps({"command_s": seconds, "load_before": before, "load_after": after, "first": first,
+                                 "started": started, "ended": time.time(), **settings}, indent=1))
+    print(f"seed {seed} {side}: {seconds:.0f} s (load {before[0]:.1f} -> {after[0]:.1f})", flush=True)
+    return True
+
+
+def evaluate(path: str, run_dir: Path, seed: int, reuse: bool) -> dict[str, Any]:
+    """Held-out accuracy of the checkpoint ``path`` by agentrl's evaluator (``mode="eval"`` with
+    ``seed``: the recipe's 128 eval-split problems of that seed, at temperature 1.0, every turn's
+    sampling seed derived from ``seed``): the eval record of its metrics.jsonl. ``reuse``: a
+    finished evaluation (its ``summary.json``) is read, not run again."""
+    if not (reuse and (run_dir / "summary.json").is_file()):
+        if run_dir.is_dir():  # an earlier evaluation of an earlier checkpoint: its records must not mix with this one's
+            shutil.rmtree(run_dir)
+        agentrl_train(RECIPE, run_dir, ['mode="eval"', f"seed={seed}", f'model.path="{path}"', "sft.steps=0"], timeout_s=1800, fresh=False)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    evals = [r for r in records if r.get("kind") == "eval"]
+    if not evals:
+        raise SystemExit(f"{run_dir}: no evaluation record in metrics.jsonl")
+    return evals[-1]
+
+
+def trl_evaluations(seed: int, seed_dir: Path, reuse: bool) -> dict[int, float]:
+    """Held-out accuracy of every TRL checkpoint of ``seed`` (step -> accuracy), each by
+    :func:`evaluate` in ``seed_dir/trl_eval/step-<step>``."""
+    clock = json.loads((seed_dir / "trl" / "trl_clock.json").read_text())
+    out: dict[int, float] = {}
+    for c in clock:
+        rec = evaluate(c["path"], seed_dir / "trl_eval" / f"step-{c['step']}", seed, reuse)
+        out[int(c["step"])] = float(rec["accuracy"])
+        print(f"seed {seed} TRL step {c['step']}: {c['train_s']:.0f} s, held-out accuracy {rec['accuracy']:.3f}", flush=True)
+    return out
+
+
+# ------------------------------------------------------------------ what a run is, read back
+
+
+@dataclass
+class Run:
+    """One side's training run for one seed, as the report reads it."""
+
+    seed: int
+    side: str
+    """Which side: "TRL" or "agentrl"."""
+    steps: int
+    """Optimiser steps trained, 32 episodes each."""
+    rl_s: float
+    """RL-loop seconds (the module docstring's "Clocks")."""
+    command_s: float
+    """The whole command's seconds, process start to exit."""
+    eval_s: float = 0.0
+    """Of ``command_s``, seconds spent in evaluations (agentrl's in-run ones; 0 for TRL)."""
+    curve: list[dict[str, float]] = field(default_factory=list)
+    """``[{step, s, accuracy}]``: held-out accuracy at each evaluated checkpoint, ``s`` its RL-loop seconds."""
+    load_before: float = 0.0
+    """1-minute load average just before the run."""
+    load_after: float = 0.0
+    """1-minute load average just after it."""
+    first: bool = False
+    """Whether this side ran first of its seed."""
+    split: dict[str, float] = field(default_factory=dict)
+    """Time per step, label -> median seconds (or a fraction, for labels ending in "busy")."""
+    span: tuple[float, float] = (0.0, 0.0)
+    """When the run started and ended (``time.time()``; 0 in records older than this field)."""
+
+    @property
+    def samples_per_s(self) -> float:
+        """Episodes trained per RL-loop second."""
+        return SAMPLES_PER_STEP * self.steps / self.rl_s
+
+    @property
+    def final_accuracy(self) -> float | None:
+        """Held-out accuracy at the last evaluated checkpoint (None without evaluations)."""
+        return self.curve[-1]["accuracy"] if self.curve else None
+
+
+def _records(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _deltas(cumulative: list[dict[str, Any]], key: str) -> list[float]:
+    """Per-step differences of the cumulative ``key`` over ``cumulative`` (records in step order, from 0)."""
+    values = [0.0] + [float(r[key]) for r in cumulative]
+    return [b - a for a, b in zip(values, values[1:])]
+
+
+def trl_split(per_step: list[dict[str, Any]]) -> dict[str, float]:
+    """Median seconds per step of TRL's step, its HF ``generate``, its environment/sandbox and the
+    rest, from ``trl_steps.jsonl``'s cumulative records."""
+    if not per_step:
+        return {}
+    step, gen, env = _deltas(per_step, "train_s"), _deltas(per_step, "generate_s"), _deltas(per_step, "env_s")
+    return {"step": median(step), "HF generate": median(gen), "environment (sandbox)": median(env),
+            "rest (loss, backward, optimiser, TRL)": median(s - g - e for s, g, e in zip(step, gen, env))}
+
+
+AGENTRL_STEP_FIELDS = (("train_s", "learner train"), ("step_forward_backward_s", "of it forward+backward"),
+                       ("step_optimizer_s", "of it optimiser"), ("step_transfer_s", "batch transfer"),
+                       ("publish_s", "publish weights"), ("update_stall_s", "generator update stall"),
+                       ("generator_sleep_s", "handover (generator sleep, colocated)"))
+"""The per-step timing fields agentrl's loop writes in its step records (loop.py ``_train``,
+learner.py ``train_step``), with their labels; a field absent from every record is left out."""
+
+
+def agentrl_split(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Median seconds per step from agentrl's step records: the interval between step records
+    (evaluations inside it taken out), each of :data:`AGENTRL_STEP_FIELDS` present, and the
+    interval less ``learner_busy_s`` (the loop's training, transfer and publishing: what is left
+    is the time the step waited for its episodes, generation and sandbox, which agentrl does not
+    log per step); the generator's and the learner's busy fractions of the loop from the
+    ``utilisation`` record."""
+    steps = [r for r in records if r.get("kind") == "step"]
+    if not steps:
+        return {}
+    evals = [r for r in records if r.get("kind") == "eval"]
+    start = next((r["time"] for r in records if r.get("loop_start")), steps[0]["time"])
+    times = [start] + [r["time"] for r in steps]
+    intervals = [b - a - sum(e.get("eval_s", 0.0) for e in evals if a < e["time"] <= b) for a, b in zip(times, times[1:])]
+    out = {"step": median(intervals)}
+    for key, label in AGENTRL_STEP_FIELDS:
+        values = [float(r[key]) for r in steps if key in r]
+        if values:
+            out[label] = median(values)
+    if all("learner_busy_s" in r for r in steps):  # the loop's training + publishing; the rest waited for episodes
+        out["rest: episodes (generation, sandbox), waiting"] = median(i - float(r["learner_busy_s"]) for i, r in zip(intervals, steps))
+    util = next((r for r in reversed(records) if r.get("kind") == "utilisation"), None)
+    if util is not None:
+        out["generator busy"] = float(util.get("generator_busy_fraction", float("nan")))
+        out["learner busy"] = float(util.get("learner_busy_fraction", float("nan")))
+    return out
+
+
+def agentrl_rl_s(records: list[dict[str, Any]]) -> tuple[float, int]:
+    """agentrl's RL-loop seconds (the ``utilisation`` record's ``rl_wall_s`` minus the evaluations
+    logged inside the loop) and its last step."""
+    util = next((r for r in reversed(records) if r.get("kind") == "utilisation"), None)
+    steps = [r for r in records if r.get("kind") == "step"]
+    if util is None or not steps:
+        raise SystemExit("agentrl's metrics.jsonl has no utilisation record or no step: did the run finish?")
+    start = next(r["time"] for r in records if r.get("loop_start"))
+    inside = sum(r.get("eval_s", 0.0) for r in records if r.get("kind") == "eval" and start < r["time"] <= util["time"])
+    return float(util["rl_wall_s"]) - inside, int(steps[-1]["step"])
+
+
+def read_trl(seed: int, seed_dir: Path, accuracy: dict[int, float]) -> Run:
+    """TRL's run of ``seed`` read back from ``seed_dir`` (its clock, its per-step clock and its
+    bench record), with the held-out ``accuracy`` of its checkpoints (step -> accuracy; empty
+    without evaluations)."""
+    out = seed_dir / "trl"
+    bench = json.loads(_bench_path(seed_dir, "TRL").read_text())
+    clock = json.loads((out / "trl_clock.json").read_text())
+    per_step = [json.loads(x) for x in (out / "trl_steps.jsonl").read_text().splitlines() if x.strip()]
+    curve = [{"step": c["step"], "s": c["train_s"], "accuracy": accuracy[c["step"]]} for c in clock if c["step"] in accuracy]
+    return Run(seed=seed, side="TRL", steps=int(clock[-1]["step"]), rl_s=float(clock[-1]["train_s"]), command_s=bench["command_s"],
+               curve=curve, load_before=bench["load_before"][0], load_after=bench["load_after"][0], first=bench["first"],
+               split=trl_split(per_step), span=(bench.get("started", 0.0), bench.get("ended", 0.0)))
+
+
+def read_agentrl(seed: int, seed_dir: Path) -> Run:
+    """agentrl's run of ``seed`` read back from ``seed_dir/agentrl`` and its bench record."""
+    run_dir = seed_dir / "agentrl"
+    bench = json.loads(_bench_path(seed_dir, "agentrl").read_text())
+    records = _records(run_dir)
+    rl_s, steps = agentrl_rl_s(records)
+    curve = [{"step": p["version"], "s": p["rl_s"], "accuracy": p["accuracy"]} for p in eval_curve(str(run_dir))] \
+        if any(r.get("kind") == "eval" for r in records) else []
+    eval_s = sum(r.get("eval_s", 0.0) for r in records if r.get("kind") == "eval")
+    return Run(seed=seed, side="agentrl", steps=steps, rl_s=rl_s, command_s=bench["command_s"], eval_s=eval_s, curve=curve,
+               load_before=bench["load_before"][0], load_after=bench["load_after"][0], first=bench["first"],
+               split=agentrl_split(records), span=(bench.get("started", 0.0), bench.get("ended", 0.0)))
+
+
+def in_run_checkpoints(run_dir: Path) -> tuple[int, float]:
+    """agentrl's in-run checkpoints (its ``checkpoint step_N (X s)`` events): how many, and their
+    seconds together (inside its RL-loop clock)."""
+    import re
+
+    pattern = re.compile(r"^checkpoint step_\d+ \(([\d.]+) s\)$")
+    seconds = [float(m.group(1)) for r in _records(run_dir) if r.get("kind") == "event" and (m := pattern.match(r.get("message", "")))]
+    return len(seconds), sum(seconds)
+
+
+# ------------------------------------------------------------------ aggregation (pure)
+
+
+def seconds_to(curve: list[dict[str, float]], threshold: float) -> float | None:
+    """RL-loop seconds of the first evaluation of ``curve`` at or above ``threshold``, or None."""
+    return next((p["s"] for p in curve if p["accuracy"] >= threshold - 1e-9), None)
+
+
+def ratios(runs: list[Run]) -> dict[int, float]:
+    """Per seed with both sides: agentrl's samples/s divided by TRL's."""
+    by = {(r.seed, r.side): r for r in runs}
+    seeds = sorted({r.seed for r in runs})
+    return {s: by[s, "agentrl"].samples_per_s / by[s, "TRL"].samples_per_s for s in seeds if (s, "agentrl") in by and (s, "TRL") in by}
+
+
+@dataclass
+class SideSummary:
+    """One side's medians over its seeds."""
+
+    side: str
+    seeds: int
+    samples_per_s: float
+    command_s: float
+    final_accuracy: float | None
+    """None without evaluations."""
+    to_threshold_s: float | None
+    """Median RL-loop seconds to the threshold over the seeds that reached it; None if none did."""
+    reached: int
+    """Seeds whose curve reached the threshold."""
+
+
+def summarise(runs: list[Run], side: str, threshold: float) -> SideSummary:
+    """``side``'s medians over its runs among ``runs``."""
+    mine = [r for r in runs if r.side == side]
+    if not mine:
+        raise ValueError(f"no {side} run to summarise")
+    finals = [r.final_accuracy for r in mine if r.final_accuracy is not None]
+    hits = [t for t in (seconds_to(r.curve, threshold) for r in mine) if t is not None]
+    return SideSummary(side=side, seeds=len(mine), samples_per_s=median(r.samples_per_s for r in mine),
+                       command_s=median(r.command_s for r in mine), final_accuracy=median(finals) if finals else None,
+                       to_threshold_s=median(hits) if hits else None, reached=len(hits))
+
+
+@dataclass
+class Race:
+    """One seed's race to TRL's final held-out accuracy."""
+
+    seed: int
+    target: float
+    """TRL's accuracy at its last checkpoint."""
+    trl_s: float
+    """TRL's RL-loop seconds at its first checkpoint at or above ``target``."""
+    agentrl_s: float | None
+    """agentrl's RL-loop seconds at its first evaluation at or above ``target`` (None: never)."""
+
+    @property
+    def agentrl_sooner(self) -> bool:
+        return self.agentrl_s is not None and self.agentrl_s < self.trl_s
+
+
+@dataclass
+class Goal:
+    """Issue 33's goal checked on a set of runs."""
+
+    ratios: dict[int, float]
+    median_ratio: float
+    speed_met: bool
+    races: list[Race]
+    accuracy_met: bool | None
+    """None when no seed has evaluations on both sides."""
+
+    @property
+    def met(self) -> bool | None:
+        """Both parts met (None when the accuracy part could not be measured)."""
+        if self.accuracy_met is None:
+            return None
+        return self.speed_met and self.accuracy_met
+
+
+def check_goal(runs: list[Run], speedup: float = SPEEDUP_GOAL) -> Goal:
+    """The goal on ``runs``: the median over seeds of agentrl/TRL samples/s at least ``speedup``,
+    and, in more than half of the seeds with evaluations on both sides, agentrl's first
+    evaluation at or above TRL's final accuracy at fewer RL-loop seconds than TRL's first."""
+    per_seed = ratios(runs)
+    if not per_seed:
+        raise ValueError("no seed has both a TRL and an agentrl run")
+    by = {(r.seed, r.side): r for r in runs}
+    races = []
+    for seed in sorted(per_seed):
+        trl, ours = by[seed, "TRL"], by[seed, "agentrl"]
+        if trl.curve and ours.curve:
+            target = trl.curve[-1]["accuracy"]
+            trl_s = seconds_to(trl.curve, target)
+            assert trl_s is not None  # TRL's last checkpoint is at the target
+            races.append(Race(seed=seed, target=target, trl_s=trl_s, agentrl_s=seconds_to(ours.curve, target)))
+    med = median(per_seed.values())
+    accuracy_met = (2 * sum(r.agentrl_sooner for r in races) > len(races)) if races else None
+    return Goal(ratios=per_seed, median_ratio=med, speed_met=med >= speedup, races=races, accuracy_met=accuracy_met)
+
+
+def mean_curves(runs: list[Run], side: str) -> list[dict[str, float]]:
+    """``side``'s held-out curve averaged over its seeds, checkpoint by checkpoint (steps every
+    run of the side evaluated): ``[{step, s, accuracy}]`` with mean seconds and mean accuracy."""
+    curves = [r.curve for r in runs if r.side == side and r.curve]
+    if not curves:
+        return []
+    common = sorted(set.intersection(*({int(p["step"]) for p in c} for c in curves)))
+    at = [{int(p["step"]): p for p in c} for c in curves]
+    return [{"step": s, "s": mean(c[s]["s"] for c in at), "accuracy": mean(c[s]["accuracy"] for c in at)} for s in common]
 
 
 # ------------------------------------------------------------------ report
 
 
+def _acc(x: float | None) -> str:
+    return "–" if x is None else f"{x:.3f}"
+
+
+def _secs(x: float | None) -> str:
+    return "not reached" if x is None else f"{x:.0f}"
+
+
+def run_table(runs: list[Run], threshold: float) -> list[str]:
+    """One row per seed and side."""
+    lines = [f"| seed | side | ran | samples/s (RL loop) | RL loop s | whole command s (of it evaluation) | final held-out accuracy "
+             f"| RL s to >= {threshold:.2f} | load avg (1 min) before -> after |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in sorted(runs, key=lambda r: (r.seed, not r.first)):
+        lines.append(f"| {r.seed} | {r.side} | {'first' if r.first else 'second'} | {r.samples_per_s:.2f} | {r.rl_s:.0f} "
+                     f"| {r.command_s:.0f} ({r.eval_s:.0f}) | {_acc(r.final_accuracy)} | {_secs(seconds_to(r.curve, threshold))} "
+                     f"| {r.load_before:.1f} -> {r.load_after:.1f} |")
+    return lines
+
+
+def median_table(runs: list[Run], threshold: float) -> list[str]:
+    """Per side, the medians over seeds."""
+    lines = [f"| side (median of {len({r.seed for r in runs})} seeds) | samples/s (RL loop) | whole command s | final held-out accuracy "
+             f"| RL s to >= {threshold:.2f} |", "| --- | --- | --- | --- | --- |"]
+    for side in SIDES:
+        if not any(r.side == side for r in runs):
+            continue
+        m = summarise(runs, side, threshold)
+        hit = f"{m.to_threshold_s:.0f}" if m.to_threshold_s is not None else "not reached"
+        if m.final_accuracy is not None and m.reached < m.seeds:
+            hit += f" (reached in {m.reached} of {m.seeds} seeds)"
+        lines.append(f"| {side} | {m.samples_per_s:.2f} | {m.command_s:.0f} | {_acc(m.final_accuracy)} | {hit if m.final_accuracy is not None else '–'} |")
+    return lines
+
+
+def goal_lines(goal: Goal) -> list[str]:
+    """The goal stated plainly, with its numbers."""
+    verdict = {True: "**met**", False: "**not met**", None: "**not decided** (no held-out evaluations: --no-eval)"}[goal.met]
+    per_seed = ", ".join(f"seed {s} {x:.2f}x" for s, x in goal.ratios.items())
+    lines = [f"- agentrl/TRL samples per second (RL loop): {per_seed}; median **{goal.median_ratio:.2f}x** "
+             f"({'at least' if goal.speed_met else 'below'} {SPEEDUP_GOAL}x)"]
+    if goal.races:
+        wins = sum(r.agentrl_sooner for r in goal.races)
+        each = "; ".join(f"seed {r.seed}: TRL's final {r.target:.3f} reached by TRL at {r.trl_s:.0f} s, by agentrl "
+                         + (f"at {r.agentrl_s:.0f} s" if r.agentrl_s is not None else "never") for r in goal.races)
+        lines.append(f"- reaching TRL's final held-out accuracy (RL-loop seconds, first evaluation at or above it): {each} — agentrl "
+                     f"sooner in {wins} of {len(goal.races)} seeds ({'more' if goal.accuracy_met else 'not more'} than half)")
+    return [f"Goal (issue 33): \"agentrl trains >= {SPEEDUP_GOAL}x TRL's samples per second and reaches TRL's final held-out accuracy "
+            f"in less wall-clock\" — {verdict}.", *lines]
+
+
+def split_lines(runs: list[Run], seed_dirs: dict[int, Path]) -> list[str]:
+    """Time per step of each run (medians over its steps)."""
+    lines = []
+    for r in sorted(runs, key=lambda r: (r.seed, r.side)):
+        parts = ", ".join(f"{k} {v:.0%}" if k.endswith("busy") else f"{k} {v:.2f} s" for k, v in r.split.items())
+        extra = ""
+        if r.side == "agentrl":
+            n, secs = in_run_checkpoints(seed_dirs[r.seed] / "agentrl")
+            extra = f"; {n} in-run checkpoints, {secs:.1f} s together (inside its RL-loop clock)"
+        lines.append(f"- seed {r.seed} {r.side}: {parts}{extra}")
+    return lines
+
+
+def curve_table(runs: list[Run]) -> list[str]:
+    """Held-out accuracy per checkpoint step, each side's mean over its seeds."""
+    lines = ["| side | step | RL s (mean) | held-out accuracy (mean) |", "| --- | --- | --- | --- |"]
+    for side in SIDES:
+        for p in mean_curves(runs, side):
+            lines.append(f"| {side} | {p['step']} | {p['s']:.0f} | {p['accuracy']:.3f} |")
+    return lines if len(lines) > 2 else []
+
+
+def step0_check(runs: list[Run]) -> str:
+    """The step-0 evaluations (the SFT checkpoint) of both sides, per seed: the same problems and
+    sampling seeds on the same weights."""
+    by = {(r.seed, r.side): r for r in runs if r.curve and r.curve[0]["step"] == 0}
+    pairs = [f"seed {s}: TRL {by[s, 'TRL'].curve[0]['accuracy']:.3f}, agentrl {by[s, 'agentrl'].curve[0]['accuracy']:.3f}"
+             for s in sorted({r.seed for r in runs}) if (s, "TRL") in by and (s, "agentrl") in by]
+    return "- step 0 (the SFT checkpoint, scored by each side's evaluator run with the seed's problems): " + "; ".join(pairs) if pairs else ""
+
+
+def trained_when(runs: list[Run]) -> str:
+    """``, trained <date> <start>–<end>`` (local time) from the runs' recorded spans; "" without them."""
+    spans = [r.span for r in runs if r.span[0] > 0]
+    if not spans:
+        return ""
+    first, last = min(a for a, _ in spans), max(b for _, b in spans)
+    return f", trained {time.strftime('%Y-%m-%d %H:%M', time.localtime(first))}–{time.strftime('%H:%M', time.localtime(last))}"
+
+
+def report(args: argparse.Namespace, runs: list[Run], seed_dirs: dict[int, Path], started: float) -> str:
+    """The whole block: header, setup, tables, goal, time per step, curve."""
+    import trl
+
+    intro = (f"Seeds {args.seeds}, each: TRL and agentrl from `{args.sft}`, {args.steps} optimiser steps of 32 episodes (8 prompts x 4), "
+             f"run one after the other (the first side alternating by seed), each timed as its own process; Calc-v0 with the Python tool "
+             f"(up to 3 turns, 48 new tokens a turn), lr 1e-4 constant, no KL, clip 0.2/0.28; held-out accuracy by agentrl's evaluator "
+             f"on the seed's 128 problems at temperature 1.0 every {args.save_every} steps (+-4 points is one seed's noise). TRL "
+             f"{trl.__version__}: `GRPOTrainer` with HF `generate` on the CPU and a `rollout_func` that runs agentrl's Calc-v0 "
+             f"environment between turns. RL loop s: training only (start-up, evaluation and TRL's checkpoint saving excluded); whole "
+             f"command: process start to exit (agentrl's includes its evaluations, in brackets). The script's docstring lists every "
+             f"difference and every clock. Runs in `{args.out}`{trained_when(runs)}.")
+    lines = [run_header(started), "", intro, "", *run_table(runs, args.threshold), "", *median_table(runs, args.threshold), ""]
+    try:
+        lines += [*goal_lines(check_goal(runs)), ""]
+    except ValueError as exc:
+        lines += [f"Goal (issue 33): not checked: {exc}", ""]
+    lines += ["Time per step (medians over the steps). agentrl logs no per-step generation or sandbox seconds: its 'rest' is the step "
+              "interval less the loop's training, transfer and publishing (colocated on this machine: the episodes' phase, generation "
+              "and sandbox together), and its utilisation record gives the generator's and the learner's busy fractions of the loop:",
+              "", *split_lines(runs, seed_dirs)]
+    check = step0_check(runs)
+    curve = curve_table(runs)
+    if curve:
+        lines += ["", "Held-out accuracy per checkpoint step (mean over seeds):", "", *curve]
+    if check:
+        lines += ["", check]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ main
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0,1,2"`` -> ``[0, 1, 2]``; raises ValueError on a non-integer or a repeated seed."""
+    seeds = [int(s) for s in text.split(",") if s.strip()]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds {text!r}: give distinct integers, comma-separated")
+    return seeds
+
+
+def order(index: int) -> tuple[str, str]:
+    """Which side runs first for the ``index``-th seed listed: TRL for even, agentrl for odd."""
+    return SIDES if index % 2 == 0 else SIDES[::-1]
+
+
+def run_seed(args: argparse.Namespace, index: int, seed: int, seed_dir: Path) -> list[Run]:
+    """Both sides of ``seed`` (``index``: its place in ``--seeds``, which picks the first side),
+    then the held-out evaluations of TRL's checkpoints; the two runs read back."""
+    ran: dict[str, bool] = {}
+    for i, side in enumerate(order(index)):
+        ran[side] = ensure_run(args, side, seed, seed_dir, first=i == 0)
+    accuracy = {} if args.no_eval else trl_evaluations(seed, seed_dir, reuse=args.reuse and not ran["TRL"])
+    return [read_trl(seed, seed_dir, accuracy), read_agentrl(seed, seed_dir)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=120, help="TRL optimiser steps (32 episodes each)")
+    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds; both sides run once per seed, interleaved")
+    ap.add_argument("--steps", type=int, default=120, help="optimiser steps per run (32 episodes each)")
     ap.add_argument("--save-every", type=int, default=20, help="checkpoint (and evaluate) every this many steps")
     ap.add_argument("--sft", default="runs/tiny_calc/sft", help="the SFT checkpoint both sides start from")
-    ap.add_argument("--agentrl-run", default=None,
-                    help="read agentrl's side from this existing run (same recipe) instead of running it now")
-    ap.add_argument("--threshold", type=float, default=0.6, help="held-out accuracy for 'wall-clock to the same accuracy'")
+    ap.add_argument("--threshold", type=float, default=0.6, help="held-out accuracy for the 'RL s to >= threshold' column")
     ap.add_argument("--out", default="runs/bench_trl_peer")
-    ap.add_argument("--no-eval", action="store_true", help="train only (smoke test)")
-    ap.add_argument("--reuse", action="store_true", help="reuse out/trl_clock.json instead of training again")
-    ap.add_argument("--write", action="store_true", help="write the results into benchmarks/RESULTS.md")
+    ap.add_argument("--no-eval", action="store_true", help="train only, no held-out evaluation (smoke test)")
+    ap.add_argument("--reuse", action="store_true", help="read finished runs and evaluations under --out instead of running them again")
+    ap.add_argument("--write", action="store_true", help="write the results into benchmarks/RESULTS.md (block trl_peer)")
+    ap.add_argument("--trl-child", default=None, metavar="DIR", help=argparse.SUPPRESS)  # internal: TRL's training only, into DIR
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)  # with --trl-child
     args = ap.parse_args()
+    if args.trl_child:
+        train_trl(args.steps, args.save_every, args.sft, args.seed, Path(args.trl_child))
+        return
+    try:
+        seeds = parse_seeds(args.seeds)
+    except ValueError as exc:
+        ap.error(str(exc))
+    if not (ROOT / args.sft / "config.json").is_file():
+        raise SystemExit(f"no SFT checkpoint at {ROOT / args.sft}: make it first (recipes/tiny_calc.toml's SFT stage, mode=\"sft\")")
     started = time.time()
     out = ROOT / args.out
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    if args.reuse and (out / "trl_clock.json").is_file():
-        clock = json.loads((out / "trl_clock.json").read_text())
-        command_s = float((out / "trl_command_s.txt").read_text())
-    else:
-        clock = train_trl(args, out)
-        command_s = time.monotonic() - t0
-        (out / "trl_command_s.txt").write_text(f"{command_s:.1f}\n")
-    for c in clock:
-        print(f"TRL step {c['step']}: {c['train_s']:.1f} s", flush=True)
-    if args.no_eval:
-        return
-
-    agentrl = None
-    if args.agentrl_run:
-        run_dir = ROOT / args.agentrl_run
-        same_run = f"agentrl's side read from an earlier run, `{args.agentrl_run}`, not measured in this invocation"
-    else:
-        run_dir = out / "agentrl"
-        if not (args.reuse and (run_dir / "metrics.jsonl").is_file()):
-            print("agentrl: the same task from the same SFT checkpoint, now", flush=True)
-            agentrl_train(RECIPE, run_dir, [f'model.path="{args.sft}"', "sft.steps=0", f"learner.max_steps={args.steps}",
-                                            f"eval.every_steps={args.save_every}"])
-        same_run = "agentrl's side run in this invocation, right after TRL's"
-    trl = []
-    for c in clock:
-        rec = evaluate(c["path"], out / f"eval-{c['step']}")
-        trl.append({"step": c["step"], "train_s": c["train_s"], "accuracy": rec["accuracy"],
-                    "tool_call_rate": rec.get("tool_call_rate", 0.0), "generate_s": c.get("generate_s", 0.0)})
-        print(f"TRL step {c['step']}: {c['train_s']:.0f} s, held-out accuracy {rec['accuracy']:.3f}", flush=True)
-    last = trl[-1]
-    trl_rate = SAMPLES_PER_STEP * last["step"] / last["train_s"]
-
-    lines = [run_header(started), "",
-             (f"Both from `{args.sft}`, Calc-v0 with the Python tool (up to 3 turns, 48 new tokens a turn), 32 episodes "
-             f"(8 prompts x 4) per optimiser step, lr 1e-4 constant, no KL, clip 0.2/0.28; held-out accuracy measured by "
-             f"agentrl's evaluator on the same 128 problems at temperature 1.0 (one seed: +-4 points is noise). TRL "
-             f"{__import__('trl').__version__}: `GRPOTrainer` with HF `generate` on the CPU and a `rollout_func` that runs agentrl's "
-             f"Calc-v0 environment between turns (the script's docstring lists every difference). Seconds: training only "
-             f"(no start-up, no evaluation). {same_run}."), "",
-             "| trainer | step | training s | held-out accuracy |", "| --- | --- | --- | --- |"]
-    for p in trl:
-        lines.append(f"| TRL GRPOTrainer | {p['step']} | {p['train_s']:.0f} | {p['accuracy']:.3f} |")
-    if (run_dir / "metrics.jsonl").is_file():
-        agentrl, a_s, a_steps = agentrl_curve(run_dir)
-        for p in agentrl:
-            lines.append(f"| agentrl (async GRPO, vLLM) | {p['version']} | {p['rl_s']:.0f} | {p['accuracy']:.3f} |")
-    lines.append("")
-    lines.append(f"- samples/s (training): TRL {trl_rate:.2f} ({SAMPLES_PER_STEP} x {last['step']} episodes in {last['train_s']:.0f} s, "
-                 f"of which {last['generate_s']:.0f} s in HF generate); " +
-                 (f"agentrl {SAMPLES_PER_STEP * a_steps / a_s:.2f} ({SAMPLES_PER_STEP} x {a_steps} in {a_s:.0f} s); "
-                  + faster(trl_rate, SAMPLES_PER_STEP * a_steps / a_s) if agentrl else "agentrl: run missing"))
-    if agentrl:
-        curves = {"TRL": [{"accuracy": p["accuracy"], "s": p["train_s"], "step": p["step"]} for p in trl],
-                  "agentrl": [{"accuracy": p["accuracy"], "s": p["rl_s"], "step": p["version"]} for p in agentrl]}
-        for threshold, why in ((args.threshold, "fixed threshold"), (trl[-1]["accuracy"], "TRL's accuracy at its last step")):
-            hits = []
-            for name, curve in curves.items():
-                hit = first_reaching(curve, threshold)
-                hits.append(f"{name} {hit['s']:.0f} s (step {hit['step']})" if hit else
-                            f"{name} not reached (best {max(p['accuracy'] for p in curve):.3f})")
-            lines.append(f"- wall-clock to held-out accuracy >= {threshold:.3f} ({why}; first evaluation reaching it): " + ", ".join(hits))
-        a_start = next(json.loads(x)["time"] for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"loop_start"' in x)
-        lines.append(f"- start-up not counted above: agentrl {a_start:.0f} s before its RL loop (Ray, vLLM engine, sandbox, the "
-                     f"step-0 evaluation); TRL's whole command (model load, trainer set-up, training, saving) took {command_s:.0f} s")
-    else:
-        lines.append(f"- TRL whole command (model load, trainer set-up, training, saving): {command_s:.0f} s")
-    emit("\n".join(lines), "trl_peer", args.write, section="A peer: TRL's GRPOTrainer")
+    seed_dirs = {s: out / f"seed{s}" for s in seeds}
+    runs: list[Run] = []
+    failed: list[str] = []
+    for index, seed in enumerate(seeds):
+        try:
+            runs += run_seed(args, index, seed, seed_dirs[seed])
+        except SystemExit as exc:  # one seed's failure does not throw away the others' runs
+            failed.append(f"seed {seed}: {exc}")
+            print(f"seed {seed} FAILED: {exc}", flush=True)
+    if failed:
+        raise SystemExit(f"not reported: these runs failed (the others are kept under {out}; rerun with --reuse once they are "
+                         "fixed):\n  " + "\n  ".join(failed))
+    emit(report(args, runs, seed_dirs, started), "trl_peer", args.write, section="A peer: TRL's GRPOTrainer")
 
 
 if __name__ == "__main__":
