@@ -505,7 +505,9 @@ def trl_split(per_step: list[dict[str, Any]]) -> dict[str, float]:
 AGENTRL_STEP_FIELDS = (("train_s", "learner train"), ("step_forward_backward_s", "of it forward+backward"),
                        ("step_optimizer_s", "of it optimiser"), ("step_transfer_s", "batch transfer"),
                        ("publish_s", "publish weights"), ("update_stall_s", "generator update stall"),
-                       ("generator_sleep_s", "handover (generator sleep, colocated)"))
+                       ("generator_sleep_s", "handover (generator sleep, colocated)"),
+                       ("episode_generate_s_mean", "an episode's wait for generation (episodes overlap)"),
+                       ("episode_env_s_mean", "an episode's wait for the environment (sandbox)"))
 """The per-step timing fields agentrl's loop writes in its step records (loop.py ``_train``,
 learner.py ``train_step``), with their labels; a field absent from every record is left out."""
 
@@ -514,8 +516,9 @@ def agentrl_split(records: list[dict[str, Any]]) -> dict[str, float]:
     """Median seconds per step from agentrl's step records: the interval between step records
     (evaluations inside it taken out), each of :data:`AGENTRL_STEP_FIELDS` present, and the
     interval less ``learner_busy_s`` (the loop's training, transfer and publishing: what is left
-    is the time the step waited for its episodes, generation and sandbox, which agentrl does not
-    log per step); the generator's and the learner's busy fractions of the loop from the
+    is the time the step waited for its episodes, generation and sandbox; each episode's own
+    waits for the two are ``episode_generate_s_mean`` and ``episode_env_s_mean``, but episodes
+    run concurrently, so those do not add up to it); the generator's and the learner's busy fractions of the loop from the
     ``utilisation`` record."""
     steps = [r for r in records if r.get("kind") == "step"]
     if not steps:
@@ -810,9 +813,10 @@ def report(args: argparse.Namespace, runs: list[Run], seed_dirs: dict[int, Path]
         lines += [*goal_lines(check_goal(runs)), ""]
     except ValueError as exc:
         lines += [f"Goal (issue 33): not checked: {exc}", ""]
-    lines += ["Time per step (medians over the steps). agentrl logs no per-step generation or sandbox seconds: its 'rest' is the step "
-              "interval less the loop's training, transfer and publishing (colocated on this machine: the episodes' phase, generation "
-              "and sandbox together), and its utilisation record gives the generator's and the learner's busy fractions of the loop:",
+    lines += ["Time per step (medians over the steps). agentrl's 'rest' is the step interval less the loop's training, transfer and "
+              "publishing (colocated on this machine: the episodes' phase, generation and sandbox together); an episode's own waits "
+              "for generation and for the sandbox are given beside it (episodes run concurrently, so they do not add up to the "
+              "phase); its utilisation record gives the generator's and the learner's busy fractions of the loop:",
               "", *split_lines(runs, seed_dirs)]
     check = step0_check(runs)
     curve = curve_table(runs)
