@@ -24,7 +24,7 @@ from typing import Any
 from agentrl.engine.common.interfaces import Generation, Generator
 from agentrl.engine.common.cluster import current_node_id
 from agentrl.engine.common.devices import resolve_device
-from agentrl.engine.generation.freeze import engine_processes, freeze, thaw
+from agentrl.engine.generation.freeze import engine_processes, freeze, start_sentinel, thaw
 from agentrl.engine.generation.vllm_worker import RETIE_METHOD, WORKER_EXTENSION
 from agentrl.errors import GeneratorError, ModelError
 
@@ -233,6 +233,8 @@ class VllmGenerator(GeneratorCounters, Generator):
         """A sleeping CPU engine's stopped processes (:mod:`agentrl.engine.generation.freeze`); empty: running."""
         self._loading = 0
         """Weight loads in progress: a CPU engine is not stopped in the middle of one."""
+        self._sentinel: int | None = None
+        """The pid of the process that continues a stopped engine if this one dies (:func:`start_sentinel`)."""
         self._next_lora_id = 1
         """LoRA: the id of the next adapter loaded. Ids are never reused: vLLM keys its prefix cache
         by adapter id, so a version published again (after a learner restart) under an old id
@@ -400,7 +402,9 @@ class VllmGenerator(GeneratorCounters, Generator):
         t0 = time.monotonic()
         if not self._on_gpu:
             if self._loading == 0 and self.engine is not None:
-                self._frozen = freeze(engine_processes())
+                if self._sentinel is None:
+                    self._sentinel = start_sentinel()
+                self._frozen = freeze(engine_processes(exclude={self._sentinel}))
             return time.monotonic() - t0
         await self._bounded(self.engine.sleep(level, mode="wait"), f"sleeping (level {level})")
         self._asleep = {"weights", "kv_cache"}

@@ -73,7 +73,8 @@ class Engine:
 
 
 def cpu_generator(monkeypatch, pids: list[int]) -> VllmGenerator:
-    monkeypatch.setattr(generator_module, "engine_processes", lambda: list(pids))
+    monkeypatch.setattr(generator_module, "engine_processes", lambda exclude=frozenset(): list(pids))
+    monkeypatch.setattr(generator_module, "start_sentinel", lambda: 0)
     g = VllmGenerator(EngineSettings(model="unused", sleep_mode=True))
     g.engine = Engine()
     g._on_gpu = False  # what start() found
@@ -118,3 +119,47 @@ def test_shutdown_continues_a_stopped_engine_first(monkeypatch, spinner):
     asyncio.run(g.shutdown())
     time.sleep(0.1)
     assert engine.calls == ["shutdown"] and state(spinner.pid) != "T"
+
+
+GENERATOR = """
+import subprocess, sys, time
+from agentrl.engine.generation.freeze import start_sentinel
+# an engine that exits once its parent is gone, as vLLM's does (it watches a pipe from its parent)
+child = subprocess.Popen([sys.executable, "-c", "import os, time\\nparent = os.getppid()\\nwhile os.getppid() == parent: pass"])
+sentinel = start_sentinel()
+print(child.pid, sentinel, flush=True)
+time.sleep(600)
+"""
+
+
+def test_an_engine_stopped_when_its_generator_is_killed_is_continued_by_the_sentinel_and_ends():
+    import os
+    import signal
+
+    import psutil
+
+    generator = subprocess.Popen([sys.executable, "-c", GENERATOR], stdout=subprocess.PIPE, text=True)
+    try:
+        engine_pid, sentinel_pid = map(int, generator.stdout.readline().split())
+        time.sleep(1.5)  # the sentinel has read the generator's descendants at least once
+        assert freeze([engine_pid]) == [engine_pid]
+        time.sleep(0.2)
+        assert state(engine_pid) == "T"
+        generator.kill()  # the generator dies while its engine is stopped
+        generator.wait(10)
+        deadline = time.monotonic() + 6  # well inside the sentinel's grace: the engine ends because it was continued
+        while time.monotonic() < deadline and psutil.pid_exists(engine_pid) and psutil.Process(engine_pid).status() != psutil.STATUS_ZOMBIE:
+            time.sleep(0.2)
+        assert not psutil.pid_exists(engine_pid) or psutil.Process(engine_pid).status() == psutil.STATUS_ZOMBIE
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and psutil.pid_exists(sentinel_pid) and psutil.Process(sentinel_pid).status() != psutil.STATUS_ZOMBIE:
+            time.sleep(0.2)
+        assert not psutil.pid_exists(sentinel_pid) or psutil.Process(sentinel_pid).status() == psutil.STATUS_ZOMBIE
+    finally:
+        generator.kill()
+        for pid in ("engine_pid", "sentinel_pid"):
+            if pid in locals():
+                try:
+                    os.kill(locals()[pid], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass

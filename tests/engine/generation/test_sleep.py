@@ -71,7 +71,8 @@ def test_sleep_is_a_no_op_without_sleep_mode_and_never_calls_vllms_sleep_on_cpu(
 
     stopped: list[list[int]] = []
     monkeypatch.setattr(generator_module, "freeze", lambda pids: stopped.append(pids) or pids)
-    monkeypatch.setattr(generator_module, "engine_processes", lambda: [4242])
+    monkeypatch.setattr(generator_module, "engine_processes", lambda exclude=frozenset(): [4242])
+    monkeypatch.setattr(generator_module, "start_sentinel", lambda: 0)
     g, engine = generator(sleep_mode=False, on_gpu=True)
     assert asyncio.run(g.sleep(2)) == 0.0 and engine.calls == []
     g, engine = generator(sleep_mode=True, on_gpu=False)  # colocated on CPUs: the processes stop instead
