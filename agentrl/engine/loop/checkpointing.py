@@ -43,6 +43,20 @@ class RunCheckpointer:
         self.tokenizer = tokenizer
         self.log = log
 
+    def _add_tokenizer(self, exported: Path, weights: Path) -> None:
+        """Put the run's tokenizer beside the checkpoint's weights: the files the learner's
+        export already wrote (``exported``: its config and tokenizer, saved with the same
+        tokenizer), copied where ``weights`` lacks them; otherwise loaded and saved here (which
+        imports transformers in this process: seconds, the first time)."""
+        if (exported / "tokenizer_config.json").is_file():
+            for f in exported.iterdir():
+                if f.is_file() and not (weights / f.name).exists():  # the weights' own config and linked files stay
+                    shutil.copy2(f, weights / f.name)
+            return
+        from agentrl.models.loading import load_tokenizer
+
+        load_tokenizer(self.tokenizer).save_pretrained(weights)
+
     async def save(self, state: RunState) -> Path:
         """Write ``checkpoints/step_N`` for ``state`` (N = ``state.version``); its folder."""
         root = self.run_dir.checkpoints
@@ -60,9 +74,7 @@ class RunCheckpointer:
         else:  # a collective weight sync wrote no folder for this version: the learner writes one
             await self.learners.call("publish", str(tmp / "weights"), serving_dtype=True, what=f"writing the weights of checkpoint {state.version}")
         if self.tokenizer is not None and not (tmp / "weights" / "tokenizer_config.json").exists():  # never write into a linked file
-            from agentrl.models.loading import load_tokenizer
-
-            load_tokenizer(self.tokenizer).save_pretrained(tmp / "weights")
+            await asyncio.to_thread(self._add_tokenizer, tmp / "learner" / "hf", tmp / "weights")
         write_checkpoint_state(tmp, state)
         await asyncio.to_thread(shutil.rmtree, final, True)
         os.replace(tmp, final)
