@@ -155,7 +155,6 @@ def test_reuse_reads_a_finished_run_only_when_it_was_run_with_the_same_settings(
 # ------------------------------------------------------------------ general over the recipe (issue 34, SmolLM2 against TRL)
 
 ROOT = Path(__file__).resolve().parents[2]
-SMOL_TOKENIZER = ROOT / "runs/models/smollm2-135m-instruct"
 
 
 def _recipe(name: str, *overrides: str):
@@ -309,17 +308,15 @@ def test_a_multi_token_stop_is_a_string_and_a_single_token_stop_an_eos_id() -> N
     assert peer.end_of_turn(ids, split, ()) == len(ids)  # no multi-token stop (the tiny tokenizer): untouched
 
 
-def test_smollm2_stops_at_code_end_in_hf_generate() -> None:
+def test_smollm2_stops_at_code_end_in_hf_generate(smol_model) -> None:
     """SmolLM2's tokenizer writes ``</code>`` with three tokens: HF ``generate`` (the call TRL's
     ``_generate_single_turn`` makes) stops that sequence there and pads it with ``<|im_end|>``
     (SmolLM2's pad token), and :func:`end_of_turn` cuts the padding, so the turn ends with
     ``</code>`` as agentrl's does. A 1-layer random model; the tokens are forced."""
-    if not (SMOL_TOKENIZER / "tokenizer.json").is_file():
-        pytest.skip(f"no SmolLM2 tokenizer at {SMOL_TOKENIZER}")
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
 
-    tok = AutoTokenizer.from_pretrained(SMOL_TOKENIZER)
+    tok = AutoTokenizer.from_pretrained(smol_model)
     stops = peer.turn_stops(tok, ("</code>",))
     assert stops.eos_ids == (tok.eos_token_id,) and stops.strings == ("</code>",)
     turns = [tok.encode("x = 1\n</code>", add_special_tokens=False), tok.encode("print(2)\nprint(3)\n", add_special_tokens=False)]
@@ -346,13 +343,11 @@ def test_smollm2_stops_at_code_end_in_hf_generate() -> None:
     assert peer.end_of_turn(second, tok, stops.strings) == len(second)
 
 
-def test_trls_rollout_ends_a_smollm2_turn_at_code_end_as_agentrl_does() -> None:
+def test_trls_rollout_ends_a_smollm2_turn_at_code_end_as_agentrl_does(smol_model) -> None:
     """:class:`CalcRollout` (TRL's ``rollout_func``) with SmolLM2's tokenizer and a stand-in for
     TRL's ``_generate_single_turn`` that returns what HF ``generate`` does when a sequence stops
     at ``</code>`` in a batch: the turn, then padding (``<|im_end|>``). The turn must end at
     ``</code>``, the interpreter must run it, and only the model's tokens are trained on."""
-    if not (SMOL_TOKENIZER / "tokenizer.json").is_file():
-        pytest.skip(f"no SmolLM2 tokenizer at {SMOL_TOKENIZER}")
     from types import SimpleNamespace
 
     from transformers import AutoTokenizer
@@ -360,7 +355,7 @@ def test_trls_rollout_ends_a_smollm2_turn_at_code_end_as_agentrl_does() -> None:
     from agentrl.envs import make_env
     from agentrl.envs.data import load_rows
 
-    tok = AutoTokenizer.from_pretrained(SMOL_TOKENIZER)
+    tok = AutoTokenizer.from_pretrained(smol_model)
     recipe = _recipe("smol_calc", 'sandbox.type="unsafe-local"', "sandbox.preload=null")
     rows = load_rows("synthetic:calc", limit=2, seed=0)
     env = make_env(recipe.env.id, **recipe.env.kwargs)
