@@ -31,7 +31,10 @@ from typing import Any, Literal
 from agentrl.config import Recipe
 from agentrl.errors import ConfigError
 
-__all__ = ["ClusterShape", "MemoryPlan", "PlacementPlan", "apply_placement", "memory_plan", "model_parameters", "plan_placement"]
+__all__ = [
+    "ClusterShape", "MemoryPlan", "PlacementPlan", "apply_placement", "memory_plan", "model_parameters", "plan_placement",
+    "step_working_set",
+]
 
 Mode = Literal["separate", "colocated"]
 
@@ -91,13 +94,16 @@ def _cuda_devices() -> tuple[int, float | None]:
 @dataclass(frozen=True)
 class MemoryPlan:
     """GPU memory of one colocated device, GiB: ``learner`` (the rank's share of parameters,
-    gradients and AdamW states; activations not counted), ``generator`` (vLLM's reservation,
+    gradients and AdamW states), ``generator`` (vLLM's reservation,
     ``generator.gpu_memory_utilization`` of the device), ``device`` (what the device has)."""
 
     parameters: int
     learner: float
     generator: float
     device: float
+    activations: float | None = None
+    """What a learner step holds beyond the states at its peak, GiB (:func:`step_working_set`);
+    None when the model's shapes are unknown here (then not counted)."""
     offloaded: bool = False
     """``learner.offload_states``: the learner's states are in host memory while vLLM is awake."""
     handover: float = 0.0
@@ -113,7 +119,8 @@ class MemoryPlan:
         dropped: about nothing left), or an IPC handover (vLLM's weights and the staging
         buffer beside the learner's states)."""
         beside_vllm = 0.0 if self.offloaded else self.learner
-        return max(self.generator + beside_vllm, self.learner + self.weights + self.handover)
+        training = self.learner + (self.activations or 0.0)
+        return max(self.generator + beside_vllm, training, self.learner + self.weights + self.handover)
 
     def fits(self) -> bool:
         return self.peak <= self.device
@@ -121,8 +128,11 @@ class MemoryPlan:
     def lines(self) -> list[str]:
         return [
             f"model: {self.parameters / 1e9:.2f} B parameters",
-            f"learner rank: {self.learner:.1f} GiB (parameters, gradients, AdamW; activations not counted)"
+            f"learner rank: {self.learner:.1f} GiB (parameters, gradients, AdamW)"
             + (", in host memory while vLLM generates (learner.offload_states)" if self.offloaded else ""),
+            (f"learner step: {self.activations:.1f} GiB more at its peak (activations of learner.micro_batch_tokens, "
+             "one unsharded layer and the embeddings, a chunk of logits: an estimate)" if self.activations is not None
+             else "learner step: activations not counted (the model's config.json is not here)"),
             f"vLLM: {self.generator:.1f} GiB (generator.gpu_memory_utilization of {self.device:.0f} GiB), asleep while the learner trains",
             *([f"ipc handover: {self.handover:.1f} GiB staging buffer beside vLLM's {self.weights:.1f} GiB of weights"] if self.handover else []),
             f"peak: {self.peak:.1f} GiB of {self.device:.0f} GiB" + ("" if self.fits() else "  <- does not fit"),
@@ -296,6 +306,45 @@ KNOWN_SIZES = {"qwen/qwen2.5-0.5b-instruct": 494_032_768, "qwen/qwen2.5-1.5b-ins
 """Parameter counts of common hub models (from their model cards), for planning a GPU run on a
 machine that has not downloaded them."""
 
+KNOWN_SHAPES: dict[str, dict[str, Any]] = {
+    "qwen/qwen2.5-0.5b-instruct": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                                   "vocab_size": 151936, "tie_word_embeddings": True},
+    "qwen/qwen2.5-1.5b-instruct": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+                                   "vocab_size": 151936, "tie_word_embeddings": True},
+    "qwen/qwen2.5-3b-instruct": {"hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+                                 "vocab_size": 151936, "tie_word_embeddings": True},
+    "qwen/qwen2.5-7b-instruct": {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+                                 "vocab_size": 152064, "tie_word_embeddings": False},
+}
+"""The shapes :func:`step_working_set` needs, from the same models' ``config.json``."""
+
+
+def step_working_set(config: dict[str, Any], *, micro_batch_tokens: int, logprob_chunk_tokens: int,
+                     checkpointing: bool, compute_bytes: int) -> int:
+    """Bytes a learner rank holds during a step beyond its parameters, gradients and AdamW
+    states, at the peak of a micro-batch's backward pass (``T`` = ``micro_batch_tokens``, ``h``
+    the hidden size, ``I`` the MLP's, ``L`` layers, ``V`` the vocabulary, ``b`` the compute
+    dtype's bytes):
+
+    - the layers' activations: with activation checkpointing each layer keeps its input
+      (``L·T·h·b``) and one layer at a time is recomputed (``T·(6h + 4I)·b``: norms, q/k/v,
+      attention output, the gated MLP's three products); without, every layer keeps all of it;
+    - the unsharded compute copy of the largest FSDP unit, the root (embeddings and, untied, the
+      output projection): ``V·h·b`` once or twice;
+    - one chunk of float32 logits and its softmax in the chunked log-probs:
+      ``3 · chunk · V · 4``.
+
+    An estimate (transformers' kernels and torch's allocator add their own); it is written to be
+    above what a step measured on a GPU held (benchmarks/RESULTS.md, "The learner on a GPU")."""
+    h, inter = int(config["hidden_size"]), int(config.get("intermediate_size", 4 * int(config["hidden_size"])))
+    layers, vocab = int(config["num_hidden_layers"]), int(config["vocab_size"])
+    tokens = int(micro_batch_tokens)
+    one_layer = tokens * (6 * h + 4 * inter) * compute_bytes
+    kept = layers * tokens * h * compute_bytes + one_layer if checkpointing else layers * one_layer
+    root = vocab * h * compute_bytes * (1 if config.get("tie_word_embeddings", False) else 2)
+    logits = 3 * min(int(logprob_chunk_tokens), tokens) * vocab * 4
+    return kept + root + logits
+
 
 IPC_BUFFER_BYTES = 2**30
 """The CUDA IPC staging buffer per learner rank (vLLM's packed mode), at least, bytes: parameters
@@ -309,6 +358,7 @@ def memory_plan(recipe: Recipe, gpu_memory_gib: float) -> MemoryPlan | None:
     gradients and two AdamW moments, 16 bytes a parameter, sharded over ``learner.num_ranks``;
     LoRA: the frozen base in ``model.dtype`` plus a small adapter."""
     config = _read_config(recipe.model.path)
+    shapes = config if config is not None else KNOWN_SHAPES.get(recipe.model.path.lower())
     if config is not None:
         n = model_parameters(config)
     else:
@@ -324,11 +374,18 @@ def memory_plan(recipe: Recipe, gpu_memory_gib: float) -> MemoryPlan | None:
     wire = 4 if recipe.model.dtype == "float32" else 2  # "auto" serves bfloat16 on GPUs
     handover = 0.0
     if recipe.generator.weight_sync == "ipc":
-        largest = int(config["vocab_size"]) * int(config["hidden_size"]) * wire if config else 0  # the embedding
+        largest = int(shapes["vocab_size"]) * int(shapes["hidden_size"]) * wire if shapes else 0  # the embedding
         handover = max(IPC_BUFFER_BYTES, largest) / 2**30
+    activations = None
+    if shapes is not None:
+        activations = step_working_set(
+            shapes, micro_batch_tokens=recipe.learner.micro_batch_tokens, logprob_chunk_tokens=recipe.learner.logprob_chunk_tokens,
+            checkpointing=recipe.learner.activation_checkpointing, compute_bytes=wire,
+        ) / 2**30
     return MemoryPlan(
         parameters=n, learner=learner / 2**30, generator=recipe.generator.gpu_memory_utilization * gpu_memory_gib,
         device=gpu_memory_gib, handover=handover, weights=n * wire / 2**30, offloaded=recipe.learner.offload_states,
+        activations=activations,
     )
 
 

@@ -197,3 +197,41 @@ def test_an_offloading_learner_leaves_vllm_the_gpu_and_is_refused_where_nothing_
         plan_placement(recipe(tmp_path, "learner.offload_states=true"), LAPTOP)
     with pytest.raises(ConfigError, match="learner.offload_states is for colocated placement"):
         plan_placement(recipe(tmp_path, 'placement.mode="separate"', "learner.offload_states=true", text=GPU), one_gpu)
+
+
+def test_step_working_set_adds_its_parts():
+    from agentrl.placement_plan import step_working_set
+
+    cfg = {"hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 3, "vocab_size": 100, "tie_word_embeddings": True}
+    one_layer = 10 * (6 * 8 + 4 * 16) * 2
+    logits = 3 * 4 * 100 * 4
+    with_ckpt = step_working_set(cfg, micro_batch_tokens=10, logprob_chunk_tokens=4, checkpointing=True, compute_bytes=2)
+    assert with_ckpt == 3 * 10 * 8 * 2 + one_layer + 100 * 8 * 2 + logits
+    without = step_working_set(cfg, micro_batch_tokens=10, logprob_chunk_tokens=4, checkpointing=False, compute_bytes=2)
+    assert without == 3 * one_layer + 100 * 8 * 2 + logits
+    untied = step_working_set({**cfg, "tie_word_embeddings": False}, micro_batch_tokens=10, logprob_chunk_tokens=4,
+                              checkpointing=True, compute_bytes=2)
+    assert untied - with_ckpt == 100 * 8 * 2  # the output projection is a second matrix
+
+
+RECORDS = Path(__file__).resolve().parents[1] / "benchmarks" / "records" / "gpu"
+
+
+@pytest.mark.parametrize(("record", "overrides"), [
+    ("h100_qwen7b_lora_r2_per_layer.json",
+     ['model.path="Qwen/Qwen2.5-7B-Instruct"', "lora.rank=64", 'generator.weight_sync="disk"']),
+    ("h100_qwen1.5b_full_r3_per_layer_fused.json", []),
+])
+def test_the_plan_of_the_one_gpu_recipe_is_above_what_an_h100_measured(record, overrides):
+    """The dry run's learner line plus its step estimate against the peak a step held on an H100
+    (benchmarks/gpu_learner_check.py, the same recipe's learner settings): not below it (the plan
+    would promise room that is not there) and not far above it (it would refuse runs that fit)."""
+    measured = json.loads((RECORDS / record).read_text())
+    root = Path(__file__).resolve().parents[1]
+    r = load_recipe(root / "recipes" / "retool_math_1gpu.toml", overrides)
+    plan = memory_plan(r, measured["device_gib"])
+    peak = max(measured["offload"]["step1_peak_allocated_gib"], measured["offload"].get("step2_peak_allocated_gib", 0.0))
+    planned = plan.learner + plan.activations
+    assert peak <= planned, (peak, planned)
+    if overrides:  # LoRA: the moments are tiny, step 1's peak is the steady state's
+        assert planned <= 1.15 * peak, (peak, planned)

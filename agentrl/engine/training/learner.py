@@ -3,11 +3,11 @@
 ``Learner`` is a plain class (one per process); the run's assembly (:mod:`agentrl.engine.assembly`)
 wraps it as a Ray actor and the learner group calls every rank's method at the same time (they
 run collectives together). The model is wrapped per decoder layer with
-``torch.distributed.fsdp.fully_shard`` (with one rank, a single unit around the whole model:
-there is nothing to shard, and per-layer units cost ~20% of a tiny model's step in hooks and
-copies); the process group is ``gloo`` on CPU and ``nccl`` on GPU. The ``bfloat16``
-dtype means mixed precision on both (:mod:`~agentrl.engine.training.model_setup`); ``float16``
-(which would need loss scaling) and ``float32`` train in float32 throughout.
+``torch.distributed.fsdp.fully_shard`` (with one rank on the CPU, a single unit around the
+whole model: :func:`~agentrl.engine.training.fsdp_rank.per_layer_units`); the process group is
+``gloo`` on CPU and ``nccl`` on GPU. The ``bfloat16`` dtype means mixed precision on both
+(:mod:`~agentrl.engine.training.model_setup`); ``float16`` (which would need loss scaling) and
+``float32`` train in float32 throughout.
 
 A training sample is a dict with ``tokens``, ``loss_mask``, ``behaviour_logprobs`` (per token,
 as in :class:`~agentrl.engine.common.trajectory.Trajectory`), ``advantage`` (one float for the whole

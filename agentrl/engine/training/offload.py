@@ -29,8 +29,13 @@ def move_states(module: torch.nn.Module, optimizer: Any, device: torch.device) -
     torch keeps it (on the host unless ``capturable``). Returns the bytes of optimizer state
     moved. For an FSDP2-sharded ``module`` (the learner's, LoRA's too) the ``Parameter`` objects
     are the same afterwards (``fully_shard``'s ``_apply`` resets its shards in place), so
-    ``optimizer`` still updates ``module``."""
-    module.to(device)
+    ``optimizer`` still updates ``module``.
+
+    Every copy is asynchronous: from a GPU to the host, torch puts the copy in page-locked
+    memory from its caching host allocator, so the next offload reuses the same pinned blocks
+    instead of faulting in fresh pages (the caller synchronizes before the bytes are used or the
+    device memory is counted free)."""
+    module.to(device, non_blocking=True)
     moved = 0
     if optimizer is None:
         return 0
