@@ -8,12 +8,11 @@ them on GPUs and kept the CPU's path as it was; the GPU check itself is
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 
-from agentrl.engine.training.fsdp_rank import FsdpRank, per_layer_units
+from agentrl.engine.training.fsdp_rank import per_layer_units
+from tests.engine.training.ranks import BareRank
 
 
 @pytest.mark.parametrize(
@@ -41,20 +40,8 @@ class LM(torch.nn.Module):
         self.head = torch.nn.Linear(4, 2)
 
 
-class Rank(FsdpRank):
-    def __init__(self, device: str, world_size: int = 1) -> None:
-        super().__init__(rank=0, world_size=world_size, master_addr="127.0.0.1", master_port=0, model="unused")
-        self.device = torch.device(device)
-        self.module = LM()
-
-    def trained_module(self) -> Any:
-        return self.module
-
-    def make_batch(self, rows, with_targets):  # pragma: no cover - not used here
-        raise NotImplementedError
-
-    def stand_in_row(self):  # pragma: no cover - not used here
-        raise NotImplementedError
+def Rank(device: str) -> BareRank:
+    return BareRank(device, LM())
 
 
 @pytest.fixture

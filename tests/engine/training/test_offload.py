@@ -8,15 +8,13 @@ same, on a real FSDP2-sharded module too), and the rank's bookkeeping with the m
 from __future__ import annotations
 
 import socket
-from typing import Any
 
 import pytest
 import torch
 
 from agentrl.engine.training import fsdp_rank as fsdp_rank_module
-from agentrl.engine.training.fsdp_rank import FsdpRank
 from agentrl.engine.training.offload import move_states
-from tests.engine.training.ranks import run_ranks
+from tests.engine.training.ranks import BareRank, run_ranks
 
 
 def trained(module: torch.nn.Module) -> torch.optim.AdamW:
@@ -62,23 +60,11 @@ def test_an_fsdp2_sharded_module_moves_with_its_parameter_objects_kept():
     run_ranks(_fsdp2_rank, lambda rank: (rank, port), world=1, timeout_s=120)
 
 
-class Rank(FsdpRank):
+def Rank(device: str) -> BareRank:
     """The smallest FsdpRank: one linear layer, its AdamW."""
-
-    def __init__(self, device: str) -> None:
-        super().__init__(rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, model="unused")
-        self.device = torch.device(device)
-        self.module = torch.nn.Linear(2, 2)
-        self.build_optimizer()
-
-    def trained_module(self) -> Any:
-        return self.module
-
-    def make_batch(self, rows, with_targets):  # pragma: no cover - not used here
-        raise NotImplementedError
-
-    def stand_in_row(self):  # pragma: no cover - not used here
-        raise NotImplementedError
+    r = BareRank(device, torch.nn.Linear(2, 2))
+    r.build_optimizer()
+    return r
 
 
 @pytest.fixture
