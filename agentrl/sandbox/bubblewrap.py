@@ -62,38 +62,37 @@ Not root: plain ``bwrap --unshare-all --uid 65534`` per execution, where the hos
 caller's and ``RLIMIT_NPROC`` applies normally; warm workers and sessions need root (see
 :class:`BubblewrapSandbox`).
 
-Why one module of this size: it is one backend, the bubblewrap half of the threat model, and its
-docstring above is that half's design. What could stand apart already does (the guest runtime in
-:mod:`agentrl.sandbox.guest`, the warm workers in :mod:`agentrl.sandbox._warm`, trees in
-:mod:`agentrl.sandbox._tree`, cgroups, seccomp, layout, limits, process supervision each in a
-module of its own); what is left is the one command line both modes build, the choice between
-the warm and the per-execution path, and the session over the same container, which are read
-together when the isolation is checked.
+This module is the sandbox itself: its settings, the choice between the warm and the
+per-execution path, and both paths' tries. Its parts live apart: the command lines of both modes in
+:mod:`agentrl.sandbox._bwrap_command`, the cgroups of the trees in
+:mod:`agentrl.sandbox._bwrap_cgroups`, the session in :mod:`agentrl.sandbox._bwrap_session`
+(:class:`BubblewrapSession` is re-exported here), the warm workers in :mod:`agentrl.sandbox._warm`,
+trees in :mod:`agentrl.sandbox._tree`, the guest runtime in :mod:`agentrl.sandbox.guest`; seccomp,
+layout, limits and process supervision each in a module of its own.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import itertools
 import logging
 import os
 import shutil
-import subprocess
 import sysconfig
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import anyio
 
 from agentrl.errors import ConfigError, SandboxError, SandboxUnavailable
-from agentrl.sandbox._backend import SandboxBase, TreeSession
+from agentrl.sandbox._backend import SandboxBase
+from agentrl.sandbox._bwrap_cgroups import TreeCgroups, with_oom
+from agentrl.sandbox._bwrap_command import container_args, oneshot_command, server_command, site_args
+from agentrl.sandbox._bwrap_session import BubblewrapSession
 from agentrl.sandbox._cgroups import Cgroup, CgroupRoot, CgroupsUnavailable, open_root
-from agentrl.sandbox._launch import GUEST_CODE_PATH, NO_UID, guest_argv, guest_code, oneshot_argv
+from agentrl.sandbox._launch import guest_code
 from agentrl.sandbox._layout import (
     SANDBOX_ENV,
     SANDBOX_UID,
-    SITE_MOUNT,
-    SYSTEM_PATHS,
     TMPFS_BYTES,
     base_python,
     is_within,
@@ -102,7 +101,7 @@ from agentrl.sandbox._layout import (
 )
 from agentrl.sandbox._limits import Limits
 from agentrl.sandbox._process import Raw, run_process, to_result
-from agentrl.sandbox._tree import Tree, request_header, run_on_tree
+from agentrl.sandbox._tree import request_header, run_on_tree
 from agentrl.sandbox._warm import ImportRouter, WarmPool, WarmWorker, new_userns
 from agentrl.sandbox.base import ExecResult
 
@@ -129,18 +128,11 @@ if "numpy" in sys.modules:
     import numpy
     numpy.linalg.solve(numpy.eye(2), numpy.ones(2))
 """
-#: Memory a cgroup allows beyond ``memory_mb`` and copy-on-write (bytes): the guest's own
-#: bookkeeping after it joined, kernel objects charged to the tree (page tables, sockets, pipes).
-CGROUP_SLACK_BYTES = 16 * 1024 * 1024
 #: Most tries of one execution while the sandbox fails before the code started (see
 #: :meth:`BubblewrapSandbox._run_warm`, :meth:`BubblewrapSandbox._run_cold`).
 START_ATTEMPTS = 3
 #: How many one-shot trees a warm worker keeps forked ahead of requests.
 PREFORK = 2
-#: Capabilities the warm server keeps (inside its own user namespace only).
-_SERVER_CAPS = (
-    "CAP_SETUID", "CAP_SETGID", "CAP_SETFCAP", "CAP_SYS_ADMIN", "CAP_SYS_CHROOT", "CAP_NET_ADMIN",
-)
 
 _INSTALL_HINT = (
     "bubblewrap (`bwrap`) is not installed or not on PATH; install it with "
@@ -285,7 +277,7 @@ class BubblewrapSandbox(SandboxBase):
             [new_userns() for _ in range(self.max_concurrency)]
             if self._privileged and not self.warm else []
         )
-        self._static_args = self._build_static_args(bwrap, prefixes)
+        self._static_args = container_args(bwrap, prefixes)
         from agentrl.sandbox._seccomp import lock_program, program
 
         self.seccomp = bool(seccomp)
@@ -294,7 +286,7 @@ class BubblewrapSandbox(SandboxBase):
         #: Warm servers' two stages (see :mod:`agentrl.sandbox._seccomp`), hex.
         self._seccomp_stages = (program(setup=True).hex(), lock_program().hex()) if self.seccomp else ("", "")
         self.cpus = None if cpus is None else float(cpus)
-        self._cgroups: CgroupRoot | None = None
+        root: CgroupRoot | None = None
         self.cgroup_mode = "off"
         """How executions are bounded as a whole: ``"cgroup v1"``/``"cgroup v2"``, or why not."""
         if cgroups is not False:
@@ -305,15 +297,15 @@ class BubblewrapSandbox(SandboxBase):
                 self.cgroup_mode = f"off ({reason})"
             else:
                 try:
-                    self._cgroups = open_root()
-                    self.cgroup_mode = f"cgroup v{self._cgroups.version}"
+                    root = open_root()
+                    self.cgroup_mode = f"cgroup v{root.version}"
                 except CgroupsUnavailable as exc:
                     if cgroups:
                         raise SandboxUnavailable(f"bubblewrap sandbox: {exc}") from None
                     self.cgroup_mode = f"off ({exc})"
                     log.info("BubblewrapSandbox: no cgroups, rlimits only: %s", exc)
-        self._cgroup_names = itertools.count()
-        self._cold_groups: list[Cgroup] = []
+        #: The cgroups of the trees (none without cgroups).
+        self._tree_cgroups = TreeCgroups(root, self.cpus)
         #: Counters (see :class:`PoolStats`).
         self.stats = PoolStats()
         self._router = ImportRouter(self.preload) if (lean_workers and self.preload) else None
@@ -380,9 +372,12 @@ class BubblewrapSandbox(SandboxBase):
         self._pool.close()
         while self._userns_pool:
             os.close(self._userns_pool.pop())
-        if self._cgroups is not None:
-            self._cgroups.close()
-            self._cgroups = None
+        self._tree_cgroups.close()
+
+    @property
+    def _cgroups(self) -> CgroupRoot | None:
+        """The sandbox's own cgroup directory; None without cgroups or once closed."""
+        return self._tree_cgroups.root
 
     def __repr__(self) -> str:
         return (
@@ -408,18 +403,15 @@ class BubblewrapSandbox(SandboxBase):
         for attempt in range(START_ATTEMPTS):
             if attempt:
                 self.stats.start_retries += 1
-            group = self._cold_cgroup(limits)
+            group = self._tree_cgroups.for_container(limits)
             try:
                 ooms = group.oom_kills() if group else 0
                 raw = await self._run_cold_in(code, timeout, limits, group)
                 if raw.started or raw.timed_out or attempt == START_ATTEMPTS - 1:
-                    return _with_oom(to_result(raw, what="bubblewrap sandbox"), group, ooms)
+                    return with_oom(to_result(raw, what="bubblewrap sandbox"), group, ooms)
             finally:
                 if group is not None:  # reused unless something of the execution is left in it
-                    if group.processes() or self._closed:
-                        group.remove()
-                    else:
-                        self._cold_groups.append(group)
+                    self._tree_cgroups.container_done(group, closed=self._closed)
         raise AssertionError("unreachable")
 
     async def _run_cold_in(self, code: str, timeout: float, limits: Limits, group: Cgroup | None) -> Raw:
@@ -457,28 +449,11 @@ class BubblewrapSandbox(SandboxBase):
         self, marker_fd: int, limits: Limits, userns: int | None, seccomp_fd: int | None = None,
         cgroup_fds: Sequence[int] = (),
     ) -> list[str]:
-        """The one-shot command line: bwrap (``--seccomp seccomp_fd``: the filter, which bwrap
-        installs right before it starts the interpreter), then :func:`oneshot_argv` (which joins
-        ``cgroup_fds`` first)."""
-        if userns is None:
-            uid = str(SANDBOX_UID)
-            head = [self._bwrap, "--unshare-all", "--uid", uid, "--gid", uid]
-            drop_to = NO_UID
-        else:
-            head = [
-                self._bwrap, "--userns", str(userns),
-                "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
-                "--unshare-cgroup-try",
-                "--uid", "0", "--gid", "0",
-                "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
-            ]
-            drop_to = SANDBOX_UID
-        if seccomp_fd is not None:
-            head += ["--seccomp", str(seccomp_fd)]
-        python = oneshot_argv(
-            self._python, marker_fd, limits, drop_to, sys_path=self._site_inside, cgroup_fds=cgroup_fds
+        """The one-shot command line (:func:`~agentrl.sandbox._bwrap_command.oneshot_command`)."""
+        return oneshot_command(
+            self._bwrap, self._python, marker_fd, limits, userns, seccomp_fd, cgroup_fds,
+            mounts=self._mounts(), sys_path=self._site_inside,
         )
-        return [*head, *self._static_args, *self._site_args(), "--", *python]
 
     # -- warm mode ---------------------------------------------------------------------------
 
@@ -524,7 +499,7 @@ class BubblewrapSandbox(SandboxBase):
             self.stats.warm_runs += 1
             ok = answered = False
             try:
-                group = self._worker_cgroup(worker, limits)
+                group = self._tree_cgroups.for_worker(worker, limits)
                 ooms = group.oom_kills() if group is not None else 0
                 outcome = await run_on_tree(
                     tree, code, request_header(limits, timeout), timeout_s=timeout,
@@ -554,57 +529,8 @@ class BubblewrapSandbox(SandboxBase):
                 )
             if outcome.error is not None:
                 raise SandboxError(f"bubblewrap sandbox (warm worker): {outcome.error}")
-            return _with_oom(to_result(outcome.raw, what="bubblewrap sandbox (warm worker)"), group, ooms)
+            return with_oom(to_result(outcome.raw, what="bubblewrap sandbox (warm worker)"), group, ooms)
         raise SandboxError(f"{failure} (tried {START_ATTEMPTS} times, never got as far as running the code)")
-
-    # -- cgroups -----------------------------------------------------------------------------
-
-    def _new_cgroup(self, prefix: str, limits: Limits, allowance: int) -> Cgroup | None:
-        """A cgroup bounding a tree to ``limits`` plus ``allowance`` bytes of memory (what
-        copy-on-write may copy of the process it was forked from), or None without cgroups."""
-        if self._cgroups is None:
-            return None
-        try:
-            group = self._cgroups.group(f"{prefix}{next(self._cgroup_names)}")
-            self._bound(group, limits, allowance)
-        except OSError as exc:
-            raise SandboxError(f"bubblewrap sandbox: cannot set up a cgroup: {exc}") from exc
-        return group
-
-    def _bound(self, group: Cgroup, limits: Limits, allowance: int) -> None:
-        group.set_limits(
-            memory_bytes=limits.memory_bytes + allowance + CGROUP_SLACK_BYTES,
-            pids=limits.nproc, cpus=self.cpus,
-        )
-
-    def _cold_cgroup(self, limits: Limits) -> Cgroup | None:
-        """A cgroup for one per-execution container (kept and reused: creating and removing
-        memory cgroups costs milliseconds), bounded to ``limits``."""
-        if self._cgroups is None:
-            return None
-        if not self._cold_groups:
-            return self._new_cgroup("x", limits, 0)
-        group = self._cold_groups.pop()
-        try:
-            self._bound(group, limits, 0)
-        except OSError as exc:
-            group.remove()
-            raise SandboxError(f"bubblewrap sandbox: cannot set a cgroup's limits: {exc}") from exc
-        return group
-
-    def _worker_cgroup(self, worker: WarmWorker, limits: Limits) -> Cgroup | None:
-        """The cgroup a warm worker's one-shot executions run in (one at a time), bounded to
-        ``limits``."""
-        if self._cgroups is None:
-            return None
-        if worker.cgroup is None:
-            worker.cgroup = self._new_cgroup("w", limits, worker.anon_bytes)
-            return worker.cgroup
-        try:
-            self._bound(worker.cgroup, limits, worker.anon_bytes)
-        except OSError as exc:
-            raise SandboxError(f"bubblewrap sandbox: cannot set a cgroup's limits: {exc}") from exc
-        return worker.cgroup
 
     def _worker_ready(self, worker: WarmWorker) -> None:
         if worker.kind == "full" and self._router is not None:
@@ -616,15 +542,9 @@ class BubblewrapSandbox(SandboxBase):
             worker.cgroup = None
 
     def _server_argv(self, control_fd: int, userns: int, kind: str, code_fd: int | None = None) -> list[str]:
+        """A warm server's command line for a worker of ``kind``
+        (:func:`~agentrl.sandbox._bwrap_command.server_command`), with its configuration."""
         preload = kind == "full"
-        caps: list[str] = []
-        for cap in _SERVER_CAPS:
-            caps += ["--cap-add", cap]
-        head = [
-            self._bwrap, "--userns", str(userns),
-            "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
-            "--unshare-cgroup-try", "--uid", "0", "--gid", "0", "--cap-drop", "ALL", *caps,
-        ]
         config = {
             "control_fd": control_fd,
             "site": self._site_inside,
@@ -638,131 +558,14 @@ class BubblewrapSandbox(SandboxBase):
             "seccomp": self._seccomp_stages[0],
             "seccomp_lock": self._seccomp_stages[1],
         }
-        if code_fd is None:
-            return [*head, *self._static_args, *self._site_args(), "--", *guest_argv(self._python, "server", config)]
-        code = ["--ro-bind-data", str(code_fd), GUEST_CODE_PATH]
-        python = guest_argv(self._python, "server", config, code_path=GUEST_CODE_PATH)
-        return [*head, *self._static_args, *self._site_args(), *code, "--", *python]
+        return server_command(self._bwrap, self._python, userns, config, self._mounts(), code_fd)
 
     # -- shared ------------------------------------------------------------------------------
 
-    def _site_args(self) -> list[str]:
-        if not self.site_packages:
-            return []
-        args = ["--perms", "0755", "--dir", "/opt", "--perms", "0755", "--dir", SITE_MOUNT]
-        for host, inside in zip(self.site_packages, self._site_inside, strict=True):
-            args += ["--ro-bind", host, inside]
-        return args
-
-    def _build_static_args(self, bwrap: str, prefixes: Sequence[str]) -> list[str]:
-        args = ["--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv"]
-        for key, value in SANDBOX_ENV.items():
-            args += ["--setenv", key, value]
-        bound: list[str] = []
-        for path in SYSTEM_PATHS:
-            if os.path.islink(path):
-                args += ["--symlink", os.readlink(path), path]
-            elif os.path.exists(path):
-                args += ["--ro-bind", path, path]
-                bound.append(os.path.realpath(path))
-        for prefix in prefixes:
-            if any(is_within(prefix, b) for b in bound):
-                continue
-            # Parents are created 0755 explicitly: bwrap would copy the host's modes (e.g. 0700
-            # for /root), which uid 65534 could not traverse.
-            parent = os.path.dirname(prefix)
-            ancestors = []
-            while parent not in ("/", ""):
-                ancestors.append(parent)
-                parent = os.path.dirname(parent)
-            for directory in reversed(ancestors):
-                args += ["--perms", "0755", "--dir", directory]
-            args += ["--ro-bind", prefix, prefix]
-            bound.append(prefix)
-        args += ["--proc", "/proc", "--dev", "/dev"]
-        if _bwrap_supports(bwrap, "--size"):
-            args += ["--size", str(TMPFS_BYTES)]
-        # World-writable (sticky) like a normal /tmp: under root, bwrap creates it as uid 0.
-        args += ["--perms", "1777", "--tmpfs", "/tmp", "--chdir", "/tmp"]
-        return args
-
-
-class BubblewrapSession(TreeSession):
-    """A session of a :class:`BubblewrapSandbox` (see :class:`agentrl.sandbox.SandboxSession`).
-
-    Attributes:
-        restarts: how many times the interpreter was started afresh after losing its state.
-    """
-
-    _what = "bubblewrap session"
-
-    def __init__(self, sandbox: BubblewrapSandbox, memory_mb: int) -> None:
-        super().__init__(sandbox, memory_mb)
-        self._own_worker: WarmWorker | None = None
-        self._cgroup: Cgroup | None = None
-        self._allowance = 0  # anonymous memory of the worker the interpreter was forked from
-
-    def _free(self) -> None:
-        if self._own_worker is not None:
-            self.sandbox._pool.discard(self._own_worker)
-            self._own_worker = None
-        if self._cgroup is not None:
-            self._cgroup.remove()
-            self._cgroup = None
-
-    def _cgroup_fds(self, limits: Limits) -> tuple[int, ...]:
-        """The session's cgroup (one for its whole life, restarts included), bounded by the
-        session's memory: every cell joins it."""
-        sb = self.sandbox
-        if sb._cgroups is None:
-            return ()
-        session_limits = replace(limits, memory_bytes=self.memory_mb * 1024 * 1024)
-        if self._cgroup is None:
-            self._cgroup = sb._new_cgroup("s", session_limits, self._allowance)
-        assert self._cgroup is not None
-        return tuple(self._cgroup.procs_fds())
-
-    def _oom_kills(self) -> int:
-        return self._cgroup.oom_kills() if self._cgroup is not None else 0
-
-    async def _new_tree(self) -> Tree:
-        sb = self.sandbox
-        if sb.warm:
-            async with sb._limiter.get():
-                for attempt in range(2):
-                    worker = await sb._pool.wait("full")
-                    try:
-                        tree = await worker.take("session")
-                    except SandboxError:
-                        sb._pool.discard(worker)
-                        if attempt:
-                            raise
-                        continue
-                    sb._pool.release(worker, True, sb._closed)
-                    self._allowance = max(self._allowance, worker.anon_bytes)
-                    return tree
-            raise AssertionError("unreachable")
-        # Per-execution mode: a dedicated worker without preloads serves this session only.
-        if self._own_worker is None or not self._own_worker.alive():
-            if self._own_worker is not None:
-                sb._pool.discard(self._own_worker)
-            self._own_worker = sb._pool.launch("session", track=False)
-            try:
-                await self._own_worker.wait_ready()
-            except BaseException:
-                sb._pool.discard(self._own_worker)
-                self._own_worker = None
-                raise
-        self._allowance = max(self._allowance, self._own_worker.anon_bytes)
-        return await self._own_worker.take("session")
-
-
-def _with_oom(result: ExecResult, group: Cgroup | None, before: int) -> ExecResult:
-    """``result``, marked ``memory_exceeded`` when the kernel's OOM killer killed a process of
-    ``group`` since it had killed ``before``."""
-    if group is not None and not result.memory_exceeded and group.oom_kills() > before:
-        return replace(result, memory_exceeded=True)
-    return result
+    def _mounts(self) -> list[str]:
+        """What both command lines bind: the container's arguments (computed once, in
+        ``_static_args``), then the site-packages binds."""
+        return [*self._static_args, *site_args(self.site_packages, self._site_inside)]
 
 
 def _importable(module: str, site_packages: Sequence[str]) -> bool:
@@ -774,10 +577,3 @@ def _importable(module: str, site_packages: Sequence[str]) -> bool:
     stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
     return any(is_within(origin, p) for p in [*site_packages, stdlib])
 
-
-def _bwrap_supports(bwrap: str, option: str) -> bool:
-    try:
-        text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return option in text

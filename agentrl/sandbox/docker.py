@@ -30,26 +30,20 @@ The engine must be local: containers bind host paths. ``scripts/docker.sh`` inst
 ``docker.io`` package, starts ``dockerd`` and builds the image (``python -m agentrl.sandbox.docker
 build-image``).
 
-Why one module of this size: it is one backend, the Docker half of the threat model. The image and
-the engine's client are :mod:`agentrl.sandbox._docker_image`, the in-container runner is
-:mod:`agentrl.sandbox.guest.docker_runner`; what is left is the container's locked-down settings,
-the pool, one execution over the runner's connection and the session over one container, which
-share the container's life cycle (created, reused, wiped, removed when broken) and are read
-together when the isolation is checked.
+This module holds what shares the container's life cycle (created, reused, wiped, removed when
+broken): the container's locked-down settings, the pool, one execution's tries and the session over
+one container. The image and the engine's client are :mod:`agentrl.sandbox._docker_image`, one
+``docker exec`` of the runner and its connection :mod:`agentrl.sandbox._docker_exec`, the
+in-container runner :mod:`agentrl.sandbox.guest.docker_runner`.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import logging
 import os
-import socket
-import struct
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -57,6 +51,7 @@ import anyio.to_thread
 
 from agentrl.errors import ConfigError, SandboxError, SandboxUnavailable
 from agentrl.sandbox._backend import SandboxBase, SessionBase
+from agentrl.sandbox._docker_exec import Container, RunnerExec
 from agentrl.sandbox._docker_image import IMAGE_REPOSITORY, docker_client, ensure_image, image_tag
 from agentrl.sandbox._launch import guest_argv
 from agentrl.sandbox._seccomp import docker_profile
@@ -72,7 +67,6 @@ from agentrl.sandbox._layout import (
 from agentrl.sandbox._limits import Limits
 from agentrl.sandbox._process import Capture, Raw, to_result
 from agentrl.sandbox.base import ExecResult
-from agentrl.sandbox.guest.wire import HDR, MAX_FRAME, frame
 
 __all__ = ["DockerSandbox", "DockerSession", "IMAGE_REPOSITORY", "ensure_image", "image_tag", "remove_containers_of"]
 
@@ -86,14 +80,6 @@ WIPE_PATHS = ("/tmp", "/dev/shm", "/dev/mqueue")
 _PID_HEADROOM = 16
 #: Extra container memory besides ``memory_mb`` for PID 1 and the runner, MiB.
 _MEMORY_HEADROOM_MB = 256
-
-@dataclass
-class _Container:
-    """One pooled container: its id and whether it may be reused."""
-
-    id: str
-    healthy: bool = True
-
 
 def remove_containers_of(pid: int) -> int:
     """Remove every sandbox container that process ``pid`` created (by the :data:`LABEL` on
@@ -184,7 +170,7 @@ class DockerSandbox(SandboxBase):
         self._binds = self._build_binds(prefixes)
         self._client = docker_client()
         self.image = ensure_image(self._client)
-        self._idle: list[_Container] = []
+        self._idle: list[Container] = []
         self._all: set[str] = set()
         #: Tries of an execution that failed before its code started and were made again in
         #: another container (the execution never saw them).
@@ -235,15 +221,15 @@ class DockerSandbox(SandboxBase):
             SandboxError: the runner vanished or answered nonsense once it had the code.
         """
         container = await self._acquire()
-        runner: _RunnerExec | None = None
+        runner: RunnerExec | None = None
         started_at = time.monotonic()
         answered = False
         try:
             try:
-                runner = await _RunnerExec.open(self, container, mode="oneshot")
+                runner = await RunnerExec.open(self._client, container, self._runner_argv("oneshot"))
             except SandboxError as exc:
                 raise _NotStarted(str(exc)) from exc
-            answer = await runner.request(self._request("exec", limits, timeout), code, timeout)
+            answer = await runner.request(self._request("exec", limits, timeout), code, timeout, self.grace_s)
             answer[0]["wall_s"] = time.monotonic() - started_at  # docker exec included
             answered = True
             if not answer[0].get("started") and not answer[0].get("timed_out"):
@@ -264,7 +250,7 @@ class DockerSandbox(SandboxBase):
             SandboxError: a container could not be created.
         """
         want = self.max_concurrency if containers is None else min(containers, self.max_concurrency)
-        new: list[_Container] = []
+        new: list[Container] = []
         try:
             while len(self._all) < want:
                 new.append(await self._create())
@@ -327,7 +313,7 @@ class DockerSandbox(SandboxBase):
         )
         return to_result(raw, what=what, state_lost=bool(result.get("state_lost", False)))
 
-    async def _acquire(self) -> _Container:
+    async def _acquire(self) -> Container:
         while self._idle:
             container = self._idle.pop()
             if container.healthy:
@@ -335,16 +321,16 @@ class DockerSandbox(SandboxBase):
             await anyio.to_thread.run_sync(self._remove, container.id)
         return await self._create()
 
-    async def _release(self, container: _Container) -> None:
+    async def _release(self, container: Container) -> None:
         if container.healthy and not self._closed:
             self._idle.append(container)
         else:
             await anyio.to_thread.run_sync(self._remove, container.id)
 
-    async def _create(self) -> _Container:
+    async def _create(self) -> Container:
         cid = await anyio.to_thread.run_sync(self._create_sync)
         self._all.add(cid)
-        return _Container(cid)
+        return Container(cid)
 
     def _create_sync(self) -> str:
         try:
@@ -412,156 +398,6 @@ class DockerSandbox(SandboxBase):
         return guest_argv(self._python, "runner", config)
 
 
-class _RunnerExec:
-    """One ``docker exec`` of the guest runner, driven over its hijacked stdio connection."""
-
-    _HDR = struct.Struct(">BxxxL")
-
-    def __init__(self, sandbox: DockerSandbox, container: _Container, sock: socket.socket) -> None:
-        self.sandbox = sandbox
-        self.container = container
-        self.sock = sock
-        self.stdout = bytearray()
-        self.stderr = bytearray()
-        self.pending = bytearray()
-        self.eof = False
-
-    @classmethod
-    async def open(cls, sandbox: DockerSandbox, container: _Container, *, mode: str) -> _RunnerExec:
-        """Start the runner in ``container``.
-
-        Raises:
-            SandboxError: the Docker API refused (the container is then marked broken).
-        """
-        argv = sandbox._runner_argv(mode)
-
-        def start() -> socket.socket:
-            api = sandbox._client.api
-            exec_id = api.exec_create(
-                container.id, argv, stdin=True, stdout=True, stderr=True, tty=False,
-                user="0", workdir="/tmp",
-            )["Id"]
-            raw = api.exec_start(exec_id, socket=True)
-            real = getattr(raw, "_sock", raw)
-            sock = socket.socket(fileno=os.dup(real.fileno()))
-            try:
-                raw.close()
-            except OSError:
-                pass
-            return sock
-
-        try:
-            sock = await anyio.to_thread.run_sync(start)
-        except Exception as exc:
-            container.healthy = False
-            raise SandboxError(f"docker sandbox: cannot start an exec: {exc}") from exc
-        sock.setblocking(False)
-        return cls(sandbox, container, sock)
-
-    async def request(
-        self, req: dict[str, Any], code: str, timeout: float
-    ) -> tuple[dict[str, Any], bytes, bytes]:
-        """Send one request and wait for its result: ``(result, stdout bytes, stderr bytes)``.
-
-        Raises:
-            SandboxError: the runner vanished, answered nonsense, or overshot the deadline by more
-                than ``grace_s`` (the container is then marked broken).
-        """
-        data = code.encode("utf-8", "surrogatepass")
-        payload = frame({**req, "code_len": len(data)}) + data
-        try:
-            with anyio.fail_after(timeout + self.sandbox.grace_s):
-                await self._send(payload)
-                result = await self._recv_frame()
-                tail = await self._read_stdout(int(result["out_len"]) + int(result["err_len"]))
-        except TimeoutError as exc:
-            self.container.healthy = False
-            raise SandboxError(
-                f"docker sandbox: the runner did not answer within {timeout + self.sandbox.grace_s:g} s"
-                f"{self._stderr_note()}"
-            ) from exc
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            self.container.healthy = False
-            raise SandboxError(f"docker sandbox: broken runner: {exc!r}{self._stderr_note()}") from exc
-        out_len = int(result["out_len"])
-        return result, tail[:out_len], tail[out_len:]
-
-    async def finish(self, timeout: float = 10.0) -> bool:
-        """Close our side of stdin and wait for the runner to exit; whether it did in time."""
-        try:
-            self.sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            return False
-        with anyio.move_on_after(timeout):
-            while not self.eof:
-                await self._read_more()
-            return True
-        return False
-
-    def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-    # -- stream plumbing ----------------------------------------------------------------------
-
-    async def _send(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            try:
-                n = self.sock.send(view[: 1 << 20])
-            except BlockingIOError:
-                await anyio.wait_writable(self.sock)
-                continue
-            view = view[n:]
-
-    async def _read_more(self) -> None:
-        """Read from the connection and demultiplex Docker's stdout/stderr frames."""
-        try:
-            chunk = self.sock.recv(1 << 16)
-        except BlockingIOError:
-            await anyio.wait_readable(self.sock)
-            return
-        if not chunk:
-            self.eof = True
-            return
-        self.pending += chunk
-        while len(self.pending) >= 8:
-            stream, size = self._HDR.unpack(self.pending[:8])
-            if len(self.pending) < 8 + size:
-                break
-            body = bytes(self.pending[8 : 8 + size])
-            del self.pending[: 8 + size]
-            if stream == 1:
-                self.stdout += body
-            else:
-                self.stderr += body
-                del self.stderr[:-8192]
-
-    async def _read_stdout(self, n: int) -> bytes:
-        while len(self.stdout) < n:
-            if self.eof:
-                raise OSError("the runner exited before it answered")
-            await self._read_more()
-        out = bytes(self.stdout[:n])
-        del self.stdout[:n]
-        return out
-
-    async def _recv_frame(self) -> dict[str, Any]:
-        (n,) = HDR.unpack(await self._read_stdout(HDR.size))
-        if n > MAX_FRAME:
-            raise ValueError("frame too large")
-        msg = json.loads(await self._read_stdout(n))
-        if not isinstance(msg, dict) or msg.get("event") != "result":
-            raise ValueError(f"unexpected answer {msg!r}")
-        return msg
-
-    def _stderr_note(self) -> str:
-        text = bytes(self.stderr).decode("utf-8", "replace").strip()
-        return f": {text[-2000:]}" if text else ""
-
-
 class DockerSession(SessionBase):
     """A session of a :class:`DockerSandbox` (see :class:`agentrl.sandbox.SandboxSession`).
 
@@ -576,8 +412,8 @@ class DockerSession(SessionBase):
 
     def __init__(self, sandbox: DockerSandbox, memory_mb: int) -> None:
         super().__init__(sandbox, memory_mb)
-        self._container: _Container | None = None
-        self._runner: _RunnerExec | None = None
+        self._container: Container | None = None
+        self._runner: RunnerExec | None = None
         self._slot: Any = None
 
     async def start(self) -> None:
@@ -597,7 +433,7 @@ class DockerSession(SessionBase):
         sb._sessions.add(self)
         if self._runner is None:
             try:
-                self._runner = await _RunnerExec.open(sb, self._container, mode="session")
+                self._runner = await RunnerExec.open(sb._client, self._container, sb._runner_argv("session"))
             except SandboxError:
                 await self.aclose()
                 raise
@@ -616,7 +452,7 @@ class DockerSession(SessionBase):
         )
         started_at = time.monotonic()
         try:
-            answer = await self._runner.request(req, code, timeout)
+            answer = await self._runner.request(req, code, timeout, sb.grace_s)
             answer[0]["wall_s"] = time.monotonic() - started_at
         except SandboxError:
             await self.aclose()
