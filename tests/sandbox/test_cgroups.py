@@ -132,9 +132,16 @@ def test_cpu_spread_over_processes_is_bounded_as_a_whole(request: pytest.Fixture
     """Two processes spinning for 1.5 s get half a core between them (``cpus=0.5``: about 0.75 s
     of CPU), not two cores. The control, the same code with the bound lifted (bubblewrap:
     ``cpus=None``; Docker, which always sets one: ``cpus=2``, the whole machine), gets about 3 s on
-    two idle cores, at least about 1.5 s with one of them busy: the bound is what limits it."""
+    two idle cores, at least about 1.5 s with one of them busy: the bound is what limits it. The
+    control runs up to three times and its best counts: on a machine whose cores other work holds
+    for a moment (a parallel test worker, a benchmark) one run of the unbounded spinners can get
+    no more CPU than the bounded ones, which says nothing about the bound."""
     bounded = spin_cpu_seconds(request, kind, 0.5)
-    free = spin_cpu_seconds(request, kind, 2.0 if kind == "docker" else None)
+    free = 0.0
+    for _ in range(3):
+        free = max(free, spin_cpu_seconds(request, kind, 2.0 if kind == "docker" else None))
+        if free >= 1.5 * bounded:
+            break
     assert 0.3 <= bounded <= 1.1, (bounded, free)  # the spinners ran, within their quota (and a period's slack)
     assert free >= 1.5 * bounded, (bounded, free)
 
