@@ -31,11 +31,21 @@ def move_states(module: torch.nn.Module, optimizer: Any, device: torch.device) -
     are the same afterwards (``fully_shard``'s ``_apply`` resets its shards in place), so
     ``optimizer`` still updates ``module``.
 
-    Every copy is asynchronous: from a GPU to the host, torch puts the copy in page-locked
+    The copies are asynchronous: from a GPU to the host, torch puts each copy in page-locked
     memory from its caching host allocator, so the next offload reuses the same pinned blocks
-    instead of faulting in fresh pages (the caller synchronizes before the bytes are used or the
-    device memory is counted free)."""
-    module.to(device, non_blocking=True)
+    instead of faulting in fresh pages. One exception: a parameter moved to the host is
+    waited for before the next one, because FSDP2 re-pads a shard on the host right after the
+    move (``FSDPParam.reset_sharded_param``, for a shard of uneven size) and must read its
+    bytes, not a copy still in flight. The caller synchronizes before the optimizer's moved
+    states are used or the device memory is counted free."""
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        moved_t = t.to(device, non_blocking=True)
+        if device.type == "cpu" and t.is_cuda:
+            torch.cuda.current_stream(t.device).synchronize()
+        return moved_t
+
+    module._apply(move)  # what Module.to does, with the wait above
     moved = 0
     if optimizer is None:
         return 0
