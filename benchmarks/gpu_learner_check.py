@@ -97,7 +97,6 @@ def digest(tensors: list[Any]) -> list[float]:
         local = t.to_local() if hasattr(t, "to_local") else t
         out.append(float(local.detach().double().sum().item()) + float(local.detach().double().abs().sum().item()))
         del local
-    torch.cuda.synchronize() if torch.cuda.is_available() else None
     return out
 
 
