@@ -42,3 +42,31 @@ def test_the_quick_tier_command_runs_on_every_core_by_group() -> None:
     quick = next(line for line in script.splitlines() if "not (vllm or e2e or docker or browser)" in line)
     assert "-n auto" in quick and "--dist loadgroup" in quick
     assert "pytest-xdist" in (ROOT / "pyproject.toml").read_text()
+
+
+def _full_suite_parts() -> list[str]:
+    """The ``-m`` expressions of the whole suite's pytest runs in scripts/test.sh (no arguments)."""
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    lines = [line for line in script.splitlines() if "pytest -m" in line and "docker or browser" not in line]
+    return [line.split('-m "', 1)[1].split('"', 1)[0] for line in lines]
+
+
+def test_the_whole_suites_two_parts_run_every_test_once_and_only_light_ones_in_parallel() -> None:
+    """Part 1 (on every core) and part 2 (one process) split every combination of marks: each test
+    runs in exactly one part, and none that starts vLLM or `agentrl train` runs in part 1."""
+    import itertools
+
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    parts = _full_suite_parts()
+    assert len(parts) == 2, parts
+    parallel, serial = parts
+    lines = script.splitlines()
+    assert any(f'-m "{parallel}"' in line and "-n auto" in line and "--dist loadgroup" in line for line in lines)
+    assert not any(f'-m "{serial}"' in line and "-n " in line for line in lines)
+    marks = ("vllm", "e2e", "docker", "browser", "ray")
+    for values in itertools.product((False, True), repeat=len(marks)):
+        env = dict(zip(marks, values))
+        in_parallel, in_serial = eval(parallel, {}, env), eval(serial, {}, env)  # noqa: S307 - the script's own marker expressions
+        assert in_parallel != in_serial, env  # exactly one part
+        if env["vllm"] or env["e2e"]:
+            assert in_serial, env
