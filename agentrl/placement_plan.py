@@ -269,6 +269,33 @@ def _check_colocated(recipe: Recipe, cluster: ClusterShape, gpu: bool) -> None:
     if g.weight_sync == "nccl":
         raise ConfigError('placement.mode = "colocated": generator.weight_sync = "nccl" would broadcast from a GPU to itself; '
                           'use "ipc" (vLLM maps the learner\'s GPU memory) or "disk" (the learner writes the version, vLLM wakes and loads it)')
+    others = gpus_of_their_own(recipe)
+    if others and cluster.gpus and cluster.total_gpus < lc.num_ranks + sum(others.values()):
+        asks = ", ".join(f"{key} = {n:g}" for key, n in others.items())
+        raise ConfigError(
+            f"placement.mode = \"colocated\" on GPUs: the {lc.num_ranks} generator/learner pair(s) take "
+            f"{lc.num_ranks} GPU(s), and beside them {asks} GPU(s) of their own (only the generators and the learner "
+            f"share a GPU); the cluster has {cluster.total_gpus:g}. Use more GPUs, critic.allow_cpu = true with "
+            "critic.num_gpus = 0, or the policy as judge (reward.judge.model = \"policy\")"
+        )
+
+
+def gpus_of_their_own(recipe: Recipe) -> dict[str, float]:
+    """GPUs the recipe's other GPU actors ask for, by the recipe keys that ask (``"critic.num_ranks *
+    critic.num_gpus"``: PPO's critic ranks; ``"reward.judge.num_generators * reward.judge.num_gpus"``:
+    a separate judge model's generators; ``"reward.model.num_gpus"``: the reward model). Colocated,
+    these get placements of their own beside the generator/learner pairs' GPUs; absent: none."""
+    out: dict[str, float] = {}
+    c = recipe.critic_settings
+    if recipe.algo.advantage == "gae" and recipe.mode in ("async", "sync") and c.num_gpus > 0:
+        out["critic.num_ranks * critic.num_gpus"] = c.num_ranks * c.num_gpus
+    j = recipe.reward.judge
+    if j is not None and j.model != "policy" and j.num_gpus > 0:
+        out["reward.judge.num_generators * reward.judge.num_gpus"] = j.num_generators * j.num_gpus
+    m = recipe.reward.model
+    if m is not None and m.num_gpus > 0:
+        out["reward.model.num_gpus"] = m.num_gpus
+    return out
 
 
 def model_parameters(config: dict[str, Any]) -> int:

@@ -235,3 +235,27 @@ def test_the_plan_of_the_one_gpu_recipe_is_above_what_an_h100_measured(record, o
     assert peak <= planned, (peak, planned)
     if overrides:  # LoRA: the moments are tiny, step 1's peak is the steady state's
         assert planned <= 1.15 * peak, (peak, planned)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (['algo.advantage="gae"', "critic.num_gpus=1"], "critic.num_ranks * critic.num_gpus = 1"),
+        (['reward.judge.model="some/judge"', "reward.judge.num_gpus=0.5"], "reward.judge.num_generators * reward.judge.num_gpus = 0.5"),
+        (['reward.model.path="some/rm"', "reward.model.num_gpus=1"], "reward.model.num_gpus = 1"),
+    ],
+)
+def test_colocated_gpu_actors_beside_the_pairs_need_gpus_of_their_own(tmp_path, overrides, key):
+    """A critic, a separate judge or a reward model on GPUs is placed apart from the colocated
+    generator/learner pairs: on one GPU it cannot be placed, and the check says so naming its keys
+    instead of the run waiting for a GPU that never comes; with a second GPU it is placed."""
+    r = recipe(tmp_path, 'placement.mode="colocated"', *overrides, text=GPU)
+    with pytest.raises(ConfigError, match="placement.mode") as err:
+        plan_placement(r, ClusterShape(cpus=(16.0,), gpus=(1.0,)))
+    assert key in str(err.value) and "the cluster has 1" in str(err.value)
+    assert plan_placement(r, ClusterShape(cpus=(16.0,), gpus=(2.0,))).mode == "colocated"
+    # the policy as judge and a CPU critic need no GPU of their own
+    assert plan_placement(recipe(tmp_path, 'placement.mode="colocated"', 'reward.judge.model="policy"', text=GPU),
+                          ClusterShape(cpus=(16.0,), gpus=(1.0,))).mode == "colocated"
+    cpu_critic = recipe(tmp_path, 'placement.mode="colocated"', 'algo.advantage="gae"', "critic.allow_cpu=true", text=GPU)
+    assert plan_placement(cpu_critic, ClusterShape(cpus=(16.0,), gpus=(1.0,))).mode == "colocated"
