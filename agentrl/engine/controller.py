@@ -301,7 +301,7 @@ class Controller:
 
         self._start_worker, self._teardown_worker = start_worker, teardown_worker
         started = await timed(asyncio.gather(*[start_worker(i) for i in range(r.rollout.num_workers)]), 300, "rollout worker start-up")
-        fleet.workers.extend(started)  # the run's worker list, the one the fleet was built with
+        fleet.add_workers(started)
 
     async def _rl(
         self, rows: list[dict[str, Any]], fleet: GeneratorFleet, publisher: WeightPublisher, learners: LearnerGroup,

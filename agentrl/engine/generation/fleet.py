@@ -171,6 +171,22 @@ class GeneratorFleet:
             return []
         return list(await self.reload.task)
 
+    async def settle_reload(self) -> list[float]:
+        """Wait for the version being loaded (if any) and forget it: the next :meth:`start_load`
+        (or a broadcast) takes its place. Its generation stalls, seconds."""
+        stalls = await self.finish_reload()
+        self.reload = None
+        return stalls
+
+    def mark_published(self, version: int) -> None:
+        """The generators hold ``version``, brought there outside :meth:`start_load` (a broadcast
+        over the transfer group, or a learner failover's :meth:`load`): replacements start from it."""
+        self.published_version = version
+
+    def add_workers(self, workers: list[Any]) -> None:
+        """The run's rollout workers, once started: told about every generator replaced from now on."""
+        self.workers.extend(workers)
+
     def loaded_version(self) -> int | None:
         """The version a background load finished (successfully) since the last call, or None."""
         if self.reload is None or not self.reload.task.done():

@@ -116,7 +116,7 @@ class LearnerFailover:
             await self.critic.call("load_checkpoint", str(ckpt / "critic"), what="loading the critic checkpoint")
         folder = self.run_dir.weights_version(state.version)
         await self.fleet.load(state.version, folder)
-        self.fleet.published_version = state.version
+        self.fleet.mark_published(state.version)
         self.log.event(f"{both} restarted at version {state.version}; generators serve it again", step=state.version)
         return state
 
@@ -139,7 +139,7 @@ class LearnerFailover:
             starts.append(self.critic.start(self.critic_kwargs(), what="restarting the critic"))  # type: ignore[misc]
         await asyncio.gather(*starts)
         await self.fleet.load(0, Path(self.start))  # type: ignore[arg-type]
-        self.fleet.published_version = 0
+        self.fleet.mark_published(0)
         self.log.event(f"{both} restarted at step 0; generators serve the starting weights again", step=0)
         return None
 

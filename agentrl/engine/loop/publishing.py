@@ -138,8 +138,7 @@ class WeightPublisher:
         fails) write the version to disk and start loading it in flight (the learner goes on
         meanwhile). First waits for the previous load. Returns the generation stalls of the
         update that completed here (the broadcast, or the previous load), seconds."""
-        stalls = await self.fleet.finish_reload()
-        self.fleet.reload = None
+        stalls = await self.fleet.settle_reload()
         if self.transfer_active:
             from agentrl.engine.generation.weight_transfer import send_wait_s  # torch: only with a collective
 
@@ -149,7 +148,7 @@ class WeightPublisher:
                 took = await self.learners.call(
                     "send_weights", version, what=f"broadcasting version {version}", timeout=send_wait_s(self.sync_timeout_s)
                 )
-                self.fleet.published_version = version
+                self.fleet.mark_published(version)
                 await asyncio.to_thread(self.prune, version)  # folders written for replacements
                 return [took[0]]
             except AgentRLError as exc:

@@ -45,6 +45,12 @@ class Fleet:
     async def finish_reload(self) -> list[float]:
         return []
 
+    async def settle_reload(self) -> list[float]:
+        return []
+
+    def mark_published(self, version: int) -> None:
+        self.published_version = version
+
 
 class Log:
     def event(self, text: str, **counters: Any) -> None:
