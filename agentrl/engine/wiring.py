@@ -150,6 +150,7 @@ def learner_kwargs(
         "micro_batch_tokens": lcfg.micro_batch_tokens,
         "logprob_chunk_tokens": lcfg.logprob_chunk_tokens,
         "activation_checkpointing": lcfg.activation_checkpointing,
+        "pack_microbatches": lcfg.pack_microbatches,
         "compute_entropy": lcfg.compute_entropy,
         "objective": objective,
         "updates_per_batch": a.updates_per_batch if rl else 1,

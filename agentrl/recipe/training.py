@@ -41,6 +41,13 @@ class LearnerConfig(Section):
     """Recompute each decoder layer's activations in the backward pass: less memory for long
     sequences, about one more forward pass of compute. Off by default (tiny models and short
     episodes do not need it)."""
+    pack_microbatches: Literal["auto", "on", "off"] = "auto"
+    """Lay each micro-batch's samples end to end in one row (no padding; positions restart per
+    sample, and each attends only within itself) instead of padding them to the longest.
+    ``auto`` packs where the model's attention implementation is flash attention (its
+    variable-length kernels run each sample on its own) and pads elsewhere: with ``sdpa`` or
+    ``eager`` (the CPU) a packed row is attended over whole, masked, which costs more than the
+    padding it saves. Both give the same loss and gradients."""
     logprob_chunk_tokens: int = Field(1024, gt=0)
     """Positions per chunk of the output projection when computing chosen-token log-probs: at
     most this many rows of full-vocabulary logits exist at once (forward and backward)."""
@@ -54,7 +61,7 @@ class LearnerConfig(Section):
     max_steps: int = Field(10, gt=0)
     """Optimizer steps to run (each publishes one weight version)."""
     micro_batch_tokens: int = Field(8192, gt=0)
-    """Token budget of one micro-batch (padding included)."""
+    """Token budget of one micro-batch (padding included; packed: the samples' tokens)."""
     num_cpus: float = Field(1.0, gt=0)
     """Ray CPUs reserved per learner rank."""
     num_gpus: float = Field(0.0, ge=0)

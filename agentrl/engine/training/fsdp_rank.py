@@ -120,6 +120,8 @@ class FsdpRank(abc.ABC):
         self.torch_threads, self.timeout_s, self.seed = torch_threads, timeout_s, seed
         self.device = torch.device("cpu")
         self.pad_id = 0
+        self.packed = False
+        """Micro-batches are packed, one row each (see :class:`PaddedBatch`), not padded."""
         self.optimizer: Any = None
         self.scheduler: Any = None
         """The LR schedule (a ``LambdaLR``), or None: a constant learning rate."""
@@ -250,7 +252,7 @@ class FsdpRank(abc.ABC):
 
     def plan(self, rows: list[dict[str, Any]]) -> list[list[int]]:
         """The micro-batch plan of ``rows`` (every rank computes the same one)."""
-        return plan_microbatches([len(r["tokens"]) for r in rows], self.micro_batch_tokens, self.world_size)
+        return plan_microbatches([len(r["tokens"]) for r in rows], self.micro_batch_tokens, self.world_size, packed=self.packed)
 
     def my_share(self, rows: list[dict[str, Any]], plan: list[list[int]], with_targets: bool) -> Iterator[tuple[list[int], PaddedBatch, bool]]:
         """This rank's micro-batches of ``plan`` over ``rows``: ``(indices, batch, real)``;

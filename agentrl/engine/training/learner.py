@@ -45,7 +45,8 @@ from agentrl.engine.common.audit import AuditLog, prompt_sha1
 from agentrl.engine.training.fsdp_rank import FsdpRank
 from agentrl.engine.training.lora import LoraSettings, apply_lora
 from agentrl.engine.training import model_setup
-from agentrl.engine.training.padded import PaddedBatch
+from agentrl.engine.training.microbatch import PACKING, packs_microbatches
+from agentrl.engine.training.padded import RLBatch
 from agentrl.engine.training.step_clock import StepClock
 from agentrl.engine.common.cluster import current_node_id
 from agentrl.engine.common.run_dir import version_folder
@@ -98,23 +99,6 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return chosen - torch.logsumexp(logits, dim=-1)
 
 
-class _Batch(PaddedBatch):
-    """One padded RL (or SFT) micro-batch: :class:`PaddedBatch` plus the behaviour log-probs, the
-    weight versions and the advantages of each target (a sample's scalar ``advantage`` on every
-    token, or its per-token ``advantages``); zeros (versions -1) when ``with_rl`` is False."""
-
-    def __init__(self, rows: list[dict[str, Any]], pad_id: int, device: torch.device, with_rl: bool) -> None:
-        super().__init__(rows, pad_id, device)
-
-        def advantages(r: dict[str, Any]) -> list[float]:
-            a = r.get("advantages")
-            return list(a) if a is not None else [float(r["advantage"])] * len(r["tokens"])
-
-        self.behaviour = self.per_target(lambda r: r["behaviour_logprobs"] if with_rl else None)
-        self.versions = self.per_target(lambda r: r.get("versions") if with_rl else None, torch.long, -1)
-        self.advantages = self.per_target(advantages if with_rl else lambda r: None)
-
-
 class _AdapterOff:
     """The LoRA policy with its adapter disabled: the base model, as the KL reference."""
 
@@ -150,6 +134,7 @@ class Learner(FsdpRank):
         min_lr_ratio: float = 0.0,
         logprob_chunk_tokens: int = 1024,
         activation_checkpointing: bool = False,
+        pack_microbatches: str = "auto",
         compute_entropy: bool = True,
         clip_low: float = 0.2,
         clip_high: float = 0.28,
@@ -181,13 +166,17 @@ class Learner(FsdpRank):
         folders, and the KL reference is the model with the adapter disabled (no second model).
         ``temperature``: the generators' sampling temperature; the policy's
         (and the reference's) log-probs are those of the logits divided by it, the distribution
-        the behaviour log-probs come from."""
+        the behaviour log-probs come from. ``pack_microbatches``: lay each micro-batch's samples end
+        to end in one row instead of padding them (one of
+        :data:`~agentrl.engine.training.microbatch.PACKING`; ``auto`` packs under flash attention)."""
         if lr_schedule not in LR_SCHEDULES:
             raise ConfigError(f"learner: lr_schedule must be one of {LR_SCHEDULES}, got {lr_schedule!r}")
         if lr_schedule != "constant" and not total_steps:
             raise ConfigError(f"learner: lr_schedule {lr_schedule!r} needs total_steps")
         if proximal not in ("auto", "recompute", "detached"):
             raise ConfigError(f"learner: proximal must be auto, recompute or detached, got {proximal!r}")
+        if pack_microbatches not in PACKING:
+            raise ConfigError(f"learner: pack_microbatches must be one of {PACKING}, got {pack_microbatches!r}")
         if not temperature > 0:
             raise ConfigError(f"learner: temperature must be positive (the rollout's sampling temperature), got {temperature}")
         if rank_args.get("updates_per_batch", 1) < 1 or rank_args.get("micro_batch_tokens", 1) < 1 or logprob_chunk_tokens < 1:
@@ -199,6 +188,7 @@ class Learner(FsdpRank):
         )
         self.chunk_tokens = logprob_chunk_tokens
         self.activation_checkpointing, self.compute_entropy = activation_checkpointing, compute_entropy
+        self.pack_microbatches = pack_microbatches
         self.objective = objective if objective is not None else ObjectiveSettings(clip_low=clip_low, clip_high=clip_high)
         self.recompute_proximal = proximal == "recompute" or (proximal == "auto" and self.updates_per_batch > 1)
         self.reference_name = reference_model or self.model_name
@@ -271,6 +261,7 @@ class Learner(FsdpRank):
                 self.reference = build(self.reference_name, False)
                 self.reference.eval()
         self.config = self.policy.lm.config
+        self.packed = packs_microbatches(self.pack_microbatches, getattr(self.config, "_attn_implementation", None))
         self.generation_config = getattr(self.policy.lm, "generation_config", None)
         """The model's generation config (EOS ids of the chat template), written beside every
         published version, checkpoint and export."""
@@ -287,6 +278,7 @@ class Learner(FsdpRank):
             "node_id": current_node_id(),
             "rendezvous": f"{self.master_addr}:{self.master_port}",
             "mixed_precision": str(self.dtype) if mixed else "off",
+            "packed_microbatches": self.packed,
             "reference_model": self.reference is not None,
             "objective": self.objective.as_dict(),
         }
@@ -295,8 +287,8 @@ class Learner(FsdpRank):
     def trained_module(self) -> Any:
         return self.policy
 
-    def make_batch(self, rows: list[dict[str, Any]], with_targets: bool) -> _Batch:
-        return _Batch(rows, self.pad_id, self.device, with_targets)
+    def make_batch(self, rows: list[dict[str, Any]], with_targets: bool) -> RLBatch:
+        return RLBatch(rows, self.pad_id, self.device, with_targets, self.packed)
 
     def stand_in_row(self) -> dict[str, Any]:
         return {"tokens": [self.pad_id] * 2, "loss_mask": [0, 1], "behaviour_logprobs": [0.0, 0.0], "advantage": 0.0}
@@ -322,9 +314,9 @@ class Learner(FsdpRank):
             if max(s["tokens"]) >= self.vocab_size or min(s["tokens"]) < 0:
                 raise LearnerError(f"sample {i} holds a token id outside the vocabulary (0..{self.vocab_size - 1})")
 
-    def _forward(self, model: Any, batch: _Batch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward(self, model: Any, batch: RLBatch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Flat log-probs (and entropies) of the selected positions of ``batch``."""
-        return model(batch.ids, batch.attn, batch.select, self.chunk_tokens, with_entropy)
+        return model(batch.ids, batch.attn, batch.model_select, self.chunk_tokens, with_entropy, batch.position_ids)
 
     # ------------------------------------------------------------------ training
     def train_step(self, samples: list[dict[str, Any]]) -> dict[str, float]:

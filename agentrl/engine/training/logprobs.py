@@ -150,13 +150,19 @@ class PolicyModel(torch.nn.Module):
         select: torch.Tensor,
         chunk_tokens: int = 1024,
         with_entropy: bool = False,
+        position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-prob of ``input_ids[b, t+1]`` given ``input_ids[b, :t+1]`` where ``select[b, t]``.
 
         ``input_ids``/``attention_mask`` are ``[B, T]`` (right padding), ``select`` is bool
-        ``[B, T-1]``. Returns flat tensors over the selected positions in row-major order.
+        ``[B, T-1]``. Packed rows (several sequences end to end in one row): ``attention_mask``
+        None and ``position_ids`` ``[1, N]`` restarting at 0 at each sequence, which transformers
+        turns into attention within each sequence only. Returns flat tensors over the selected
+        positions in row-major order.
         """
-        hidden = self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        hidden = self.lm.get_decoder()(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
         head = self.lm.get_output_embeddings()
         h = hidden[:, :-1][select]
         targets = input_ids[:, 1:][select]

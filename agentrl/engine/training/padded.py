@@ -1,4 +1,5 @@
-"""A micro-batch of token rows padded to its longest: the model's inputs and per-target tensors.
+"""A micro-batch of token rows padded to its longest (or packed into one row): the model's inputs
+and per-target tensors; :class:`RLBatch` adds the learner's RL targets.
 
 Shared by the learner and the critic. Per-target tensors are ``[B, T-1]``: position ``t`` is
 about token ``t + 1`` (what the hidden state at ``t`` predicts or values), and ``select`` marks
@@ -12,16 +13,25 @@ from typing import Any
 
 import torch
 
-__all__ = ["PaddedBatch"]
+__all__ = ["PaddedBatch", "RLBatch"]
 
 
 class PaddedBatch:
     """``rows`` (dicts with ``tokens`` and ``loss_mask``) padded with ``pad_id``, on ``device``.
 
     ``ids``, ``attn``: ``[B, T]`` model inputs; ``select``: ``[B, T-1]`` booleans, the trained
-    targets; ``real_tokens``: tokens that are not padding; ``slots``: ``B * T``."""
+    targets; ``real_tokens``: tokens that are not padding; ``slots``: ``B * T``.
 
-    def __init__(self, rows: list[dict[str, Any]], pad_id: int, device: torch.device) -> None:
+    ``packed``: the model's inputs are the rows laid end to end in one row instead, with no
+    padding: ``ids`` is ``[1, N]`` (``N`` = the rows' tokens), ``attn`` None, ``position_ids``
+    restart at 0 at each row (transformers then keeps every token's attention inside its own
+    row: flash attention runs each row on its own, other implementations mask the rest), and
+    ``model_select`` is ``[1, N-1]``: a row's trained targets, never a next row's first token.
+    Its selected positions come in the same order as ``select``'s, so :meth:`pad` and
+    :meth:`per_target` (``[B, T-1]``, padded as always: the loss's layout) are unchanged.
+    ``slots`` is then ``N``. Not packed: ``position_ids`` is None and ``model_select`` is ``select``."""
+
+    def __init__(self, rows: list[dict[str, Any]], pad_id: int, device: torch.device, packed: bool = False) -> None:
         self.rows, self.device = rows, device
         self.longest = max(len(r["tokens"]) for r in rows)
         B = len(rows)
@@ -33,10 +43,23 @@ class PaddedBatch:
             ids[b, :n] = torch.as_tensor(r["tokens"], dtype=torch.long)
             attn[b, :n] = 1
             mask[b, :n] = torch.as_tensor(r["loss_mask"]) > 0
-        self.ids, self.attn = ids.to(device), attn.to(device)
         self.select = mask[:, 1:].to(device)
         self.real_tokens = int(attn.sum())
-        self.slots = B * self.longest
+        self.packed = packed
+        self.position_ids: torch.Tensor | None = None
+        if not packed:
+            self.ids, self.attn = ids.to(device), attn.to(device)
+            self.model_select = self.select
+            self.slots = B * self.longest
+            return
+        lengths = [len(r["tokens"]) for r in rows]
+        self.ids = torch.cat([ids[b, :n] for b, n in enumerate(lengths)])[None].to(device)
+        self.attn = None
+        self.position_ids = torch.cat([torch.arange(n) for n in lengths])[None].to(device)
+        boundary = torch.zeros(1, dtype=torch.bool)  # a row's last token does not predict the next row's first
+        parts = [p for b, n in enumerate(lengths) for p in (mask[b, 1:n], boundary)][:-1]
+        self.model_select = torch.cat(parts)[None].to(device)
+        self.slots = self.real_tokens
 
     def per_target(
         self, values_of: Callable[[dict[str, Any]], Sequence[float] | None], dtype: torch.dtype = torch.float32, fill: float = 0.0
@@ -53,3 +76,20 @@ class PaddedBatch:
     def pad(self, flat: torch.Tensor) -> torch.Tensor:
         """Scatter a flat tensor over the selected positions into ``[B, T-1]`` (zeros elsewhere)."""
         return torch.zeros(self.select.shape, dtype=flat.dtype, device=flat.device).masked_scatter(self.select, flat)
+
+
+class RLBatch(PaddedBatch):
+    """One RL (or SFT) micro-batch of the learner: :class:`PaddedBatch` plus the behaviour log-probs, the
+    weight versions and the advantages of each target (a sample's scalar ``advantage`` on every
+    token, or its per-token ``advantages``); zeros (versions -1) when ``with_rl`` is False."""
+
+    def __init__(self, rows: list[dict[str, Any]], pad_id: int, device: torch.device, with_rl: bool, packed: bool = False) -> None:
+        super().__init__(rows, pad_id, device, packed)
+
+        def advantages(r: dict[str, Any]) -> list[float]:
+            a = r.get("advantages")
+            return list(a) if a is not None else [float(r["advantage"])] * len(r["tokens"])
+
+        self.behaviour = self.per_target(lambda r: r["behaviour_logprobs"] if with_rl else None)
+        self.versions = self.per_target(lambda r: r.get("versions") if with_rl else None, torch.long, -1)
+        self.advantages = self.per_target(advantages if with_rl else lambda r: None)
