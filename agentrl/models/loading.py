@@ -122,10 +122,14 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     return _load(name_or_path, "tokenizer", AutoTokenizer.from_pretrained)
 
 
-def load_causal_lm(name_or_path: str, *, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
-    """Load a causal LM from a local folder or hub id, with parameters in ``dtype``, in eval mode.
+def load_causal_lm(
+    name_or_path: str, *, dtype: torch.dtype = torch.float32, attn_implementation: str | None = None
+) -> PreTrainedModel:
+    """Load a causal LM from a local folder or hub id, with parameters in ``dtype``, in eval mode;
+    ``attn_implementation``: transformers' (None: its default).
 
     Raises :class:`ModelError` naming ``name_or_path`` if it cannot be found or loaded.
     """
-    model = _load(name_or_path, "model", AutoModelForCausalLM.from_pretrained, dtype=dtype)
+    extra = {"attn_implementation": attn_implementation} if attn_implementation is not None else {}
+    model = _load(name_or_path, "model", AutoModelForCausalLM.from_pretrained, dtype=dtype, **extra)
     return model.eval()

@@ -57,6 +57,11 @@ class ModelConfig(Section):
     which a measured bfloat16 matrix product beats float32's) and float32 elsewhere; the run's
     first lines say which and why (:mod:`agentrl.dtype_plan`). float32 keeps generator and learner
     log-probabilities closest."""
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flash_attention_3"] | None = None
+    """The learner's attention implementation (transformers' ``attn_implementation``); None:
+    transformers' default (``sdpa``). ``flash_attention_2``/``3`` need the ``flash-attn`` package
+    and a GPU; under them ``learner.pack_microbatches = "auto"`` packs micro-batches. vLLM picks its
+    own attention backend."""
 
     @model_validator(mode="after")
     def _check_source(self) -> ModelConfig:

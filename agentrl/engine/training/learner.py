@@ -135,6 +135,7 @@ class Learner(FsdpRank):
         logprob_chunk_tokens: int = 1024,
         activation_checkpointing: bool = False,
         pack_microbatches: str = "auto",
+        attn_implementation: str | None = None,
         compute_entropy: bool = True,
         clip_low: float = 0.2,
         clip_high: float = 0.28,
@@ -168,7 +169,9 @@ class Learner(FsdpRank):
         (and the reference's) log-probs are those of the logits divided by it, the distribution
         the behaviour log-probs come from. ``pack_microbatches``: lay each micro-batch's samples end
         to end in one row instead of padding them (one of
-        :data:`~agentrl.engine.training.microbatch.PACKING`; ``auto`` packs under flash attention)."""
+        :data:`~agentrl.engine.training.microbatch.PACKING`; ``auto`` packs under flash attention).
+        ``attn_implementation``: transformers' attention implementation of the policy and the
+        reference (None: its default, ``sdpa``)."""
         if lr_schedule not in LR_SCHEDULES:
             raise ConfigError(f"learner: lr_schedule must be one of {LR_SCHEDULES}, got {lr_schedule!r}")
         if lr_schedule != "constant" and not total_steps:
@@ -188,7 +191,7 @@ class Learner(FsdpRank):
         )
         self.chunk_tokens = logprob_chunk_tokens
         self.activation_checkpointing, self.compute_entropy = activation_checkpointing, compute_entropy
-        self.pack_microbatches = pack_microbatches
+        self.pack_microbatches, self.attn_implementation = pack_microbatches, attn_implementation
         self.objective = objective if objective is not None else ObjectiveSettings(clip_low=clip_low, clip_high=clip_high)
         self.recompute_proximal = proximal == "recompute" or (proximal == "auto" and self.updates_per_batch > 1)
         self.reference_name = reference_model or self.model_name
@@ -246,7 +249,7 @@ class Learner(FsdpRank):
             dtype = model_setup.frozen_dtype(mp) if (not trainable or self.lora is not None) else torch.float32
             policy = model_setup.load_sharded(
                 name, rank=self.rank, world_size=self.world_size, device=self.device, dtype=dtype, make=make,
-                check=check, role=self.role,
+                check=check, role=self.role, attn_implementation=self.attn_implementation,
                 shard=lambda m: self.shard(m, m.lm, **({"mp_policy": mp} if trainable and mp is not None else {})),
             )
             if peft:

@@ -90,6 +90,7 @@ def load_sharded(
     shard: Callable[[torch.nn.Module], None],
     check: Callable[[torch.nn.Module], None] | None = None,
     role: str = "rank",
+    attn_implementation: str | None = None,
 ) -> torch.nn.Module:
     """The module ``make(lm)`` of the causal LM ``name`` (a folder or hub id), on ``device``,
     sharded by ``shard`` (collective: call on every rank of the group).
@@ -100,12 +101,13 @@ def load_sharded(
     (with more than one rank it is called on rank 0's loaded LM and on every rank's meta-device
     LM). ``check``: runs on the whole module before it is sharded, on rank 0 only (with one
     rank: the only one); what it raises stops every rank. ``role`` names the group in errors.
+    ``attn_implementation``: transformers' attention implementation (None: its default).
     See the module docstring for how the weights reach each rank.
     """
     from agentrl.models.loading import load_causal_lm
 
     if world_size == 1:
-        lm = load_causal_lm(name, dtype=dtype)
+        lm = load_causal_lm(name, dtype=dtype, attn_implementation=attn_implementation)
         module = make(lm)
         _train_in_float32(module)
         module.to(device)
@@ -120,7 +122,7 @@ def load_sharded(
     header: dict[str, Any] = {}
     if rank == 0:
         try:
-            source_lm = load_causal_lm(name, dtype="auto")  # the checkpoint's dtype: nothing converted
+            source_lm = load_causal_lm(name, dtype="auto", attn_implementation=attn_implementation)  # the checkpoint's dtype
             source = make(source_lm)
             if check is not None:
                 check(source)
@@ -140,7 +142,8 @@ def load_sharded(
         raise LearnerError(f"{role} rank {rank}: rank 0 could not build the model {name!r}: {header['error']}")
 
     with torch.device("meta"):  # no storage: parameters get it, shard by shard, in to_empty
-        lm = header["cls"]._from_config(header["config"], dtype=dtype)
+        extra = {"attn_implementation": attn_implementation} if attn_implementation is not None else {}
+        lm = header["cls"]._from_config(header["config"], dtype=dtype, **extra)
         if header["generation_config"] is not None:
             lm.generation_config = header["generation_config"]
         module = make(lm)

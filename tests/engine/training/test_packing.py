@@ -116,3 +116,24 @@ def test_a_packed_learner_step_gives_the_padded_update(tiny_calc_model):
     assert packed["trained_tokens"] == padded["trained_tokens"]
     assert packed["padding_fraction"] == 0.0 and padded["padding_fraction"] > 0.0
     assert max_diff(*results) < 1e-6
+
+
+def test_the_recipes_attention_implementation_reaches_the_learner(tiny_calc_model, tmp_path):
+    """``model.attn_implementation`` goes through wiring into the learner's model: eager here, and
+    auto does not pack under it; a value transformers does not offer is refused by the recipe."""
+    from agentrl.config import load_recipe
+    from agentrl.engine import wiring
+    from agentrl.errors import ConfigError
+
+    recipe_file = tmp_path / "r.toml"
+    recipe_file.write_text(f'[model]\npath = "{tiny_calc_model}"\nattn_implementation = "eager"\n')
+    kwargs = wiring.learner_kwargs(load_recipe(recipe_file), model=str(tiny_calc_model), tokenizer=None, run_dir=tmp_path)
+    assert kwargs["attn_implementation"] == "eager" and kwargs["pack_microbatches"] == "auto"
+    learner = make_learner(str(tiny_calc_model), attn_implementation="eager")
+    try:
+        assert learner.config._attn_implementation == "eager" and learner.packed is False
+    finally:
+        learner.shutdown()
+    recipe_file.write_text(f'[model]\npath = "{tiny_calc_model}"\nattn_implementation = "fast"\n')
+    with pytest.raises(ConfigError, match="model.attn_implementation: got 'fast'"):
+        load_recipe(recipe_file)
