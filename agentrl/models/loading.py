@@ -122,6 +122,12 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     return _load(name_or_path, "tokenizer", AutoTokenizer.from_pretrained)
 
 
+def attention_kwargs(attn_implementation: str | None) -> dict[str, str]:
+    """``from_pretrained``/``_from_config`` keyword arguments that choose ``attn_implementation``
+    (None: none, transformers' default)."""
+    return {"attn_implementation": attn_implementation} if attn_implementation is not None else {}
+
+
 def load_causal_lm(
     name_or_path: str, *, dtype: torch.dtype = torch.float32, attn_implementation: str | None = None
 ) -> PreTrainedModel:
@@ -130,6 +136,5 @@ def load_causal_lm(
 
     Raises :class:`ModelError` naming ``name_or_path`` if it cannot be found or loaded.
     """
-    extra = {"attn_implementation": attn_implementation} if attn_implementation is not None else {}
-    model = _load(name_or_path, "model", AutoModelForCausalLM.from_pretrained, dtype=dtype, **extra)
+    model = _load(name_or_path, "model", AutoModelForCausalLM.from_pretrained, dtype=dtype, **attention_kwargs(attn_implementation))
     return model.eval()

@@ -7,6 +7,8 @@ work with the same two functions, so both ranks of a group always agree on the p
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 __all__ = ["PACKING", "packs_microbatches", "plan_microbatches", "split_minibatches"]
@@ -67,15 +69,16 @@ def plan_microbatches(
     n = len(order)
     total = np.concatenate([[0.0], np.cumsum(sorted_len)])  # total[j]: tokens of the j longest
 
-    def run_cost(starts: np.ndarray, j: int) -> np.ndarray:
-        """Slots of the micro-batches of sorted samples ``i..j-1`` for each ``i`` in ``starts``."""
+    def run_cost(starts: Any, j: int) -> Any:
+        """Slots of the micro-batch of sorted samples ``i..j-1`` for each ``i`` in ``starts`` (an
+        array of starts gives an array of slots, one start one number)."""
         return total[j] - total[starts] if packed else sorted_len[starts] * (j - starts)
 
     best = np.zeros(n + 1)  # best[j]: cheapest plan of the j longest samples
     cut = np.zeros(n + 1, dtype=np.int64)
     lo = 0  # smallest start i such that samples i..j-1 fit the budget; never moves left as j grows
     for j in range(1, n + 1):
-        while lo < j - 1 and run_cost(np.array([lo]), j)[0] > token_budget:
+        while lo < j - 1 and run_cost(lo, j) > token_budget:
             lo += 1
         starts = np.arange(lo, j)  # last micro-batch = sorted samples i..j-1, longest sorted_len[i]
         costs = best[lo:j] + run_cost(starts, j) + overhead

@@ -104,7 +104,7 @@ def load_sharded(
     ``attn_implementation``: transformers' attention implementation (None: its default).
     See the module docstring for how the weights reach each rank.
     """
-    from agentrl.models.loading import load_causal_lm
+    from agentrl.models.loading import attention_kwargs, load_causal_lm
 
     if world_size == 1:
         lm = load_causal_lm(name, dtype=dtype, attn_implementation=attn_implementation)
@@ -142,8 +142,7 @@ def load_sharded(
         raise LearnerError(f"{role} rank {rank}: rank 0 could not build the model {name!r}: {header['error']}")
 
     with torch.device("meta"):  # no storage: parameters get it, shard by shard, in to_empty
-        extra = {"attn_implementation": attn_implementation} if attn_implementation is not None else {}
-        lm = header["cls"]._from_config(header["config"], dtype=dtype, **extra)
+        lm = header["cls"]._from_config(header["config"], dtype=dtype, **attention_kwargs(attn_implementation))
         if header["generation_config"] is not None:
             lm.generation_config = header["generation_config"]
         module = make(lm)

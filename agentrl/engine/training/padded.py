@@ -35,25 +35,26 @@ class PaddedBatch:
         self.rows, self.device = rows, device
         self.longest = max(len(r["tokens"]) for r in rows)
         B = len(rows)
-        ids = torch.full((B, self.longest), pad_id, dtype=torch.long)
-        attn = torch.zeros((B, self.longest), dtype=torch.long)
+        lengths = [len(r["tokens"]) for r in rows]
+        tokens = [torch.as_tensor(r["tokens"], dtype=torch.long) for r in rows]
         mask = torch.zeros((B, self.longest), dtype=torch.bool)
-        for b, r in enumerate(rows):
-            n = len(r["tokens"])
-            ids[b, :n] = torch.as_tensor(r["tokens"], dtype=torch.long)
-            attn[b, :n] = 1
+        for b, (r, n) in enumerate(zip(rows, lengths)):
             mask[b, :n] = torch.as_tensor(r["loss_mask"]) > 0
         self.select = mask[:, 1:].to(device)
-        self.real_tokens = int(attn.sum())
+        self.real_tokens = sum(lengths)
         self.packed = packed
         self.position_ids: torch.Tensor | None = None
         if not packed:
+            ids = torch.full((B, self.longest), pad_id, dtype=torch.long)
+            attn = torch.zeros((B, self.longest), dtype=torch.long)
+            for b, (t, n) in enumerate(zip(tokens, lengths)):
+                ids[b, :n] = t
+                attn[b, :n] = 1
             self.ids, self.attn = ids.to(device), attn.to(device)
             self.model_select = self.select
             self.slots = B * self.longest
             return
-        lengths = [len(r["tokens"]) for r in rows]
-        self.ids = torch.cat([ids[b, :n] for b, n in enumerate(lengths)])[None].to(device)
+        self.ids = torch.cat(tokens)[None].to(device)
         self.attn = None
         self.position_ids = torch.cat([torch.arange(n) for n in lengths])[None].to(device)
         boundary = torch.zeros(1, dtype=torch.bool)  # a row's last token does not predict the next row's first
