@@ -13,6 +13,11 @@ overrides (``--set``). Per run, from its ``metrics.jsonl``:
   publishing (``publish_s``) and the generators' update stall (``update_stall_s``);
 - the whole command's wall-clock.
 
+And the outcome, run against run (repeat ``i`` of one commit against repeat ``i`` of the other):
+the SFT losses step by step (how many records are equal bit for bit, and the largest difference),
+the RL losses step by step (the same), and the held-out accuracy and mean reward at each
+evaluation. A change that is structure only gives the same numbers.
+
 It prints each run and the medians per commit with the ratio after/before (and the per-repeat
 paired ratios of samples/s), and with ``--write`` puts them in benchmarks/RESULTS.md under
 ``--key`` (section ``--section``). ``--reuse`` reads runs already finished under ``--out`` (named
@@ -94,6 +99,41 @@ def run_stats(run_dir: Path, samples_per_step: int) -> dict[str, float]:
     return out
 
 
+def records(run_dir: Path, kind: str) -> list[dict[str, Any]]:
+    """The ``metrics.jsonl`` records of ``kind`` (``sft``, ``step``, ``eval``) of a finished run."""
+    return [r for r in (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip())
+            if r.get("kind") == kind]
+
+
+def same_numbers(a: list[float], b: list[float]) -> str:
+    """How two runs' series of one number compare: equal bit for bit, or how many are and the
+    largest difference."""
+    if not a and not b:
+        return "none logged"
+    if len(a) != len(b):
+        return f"{len(a)} against {len(b)} records"
+    equal = sum(x == y for x, y in zip(a, b))
+    if equal == len(a):
+        return f"all {len(a)} equal bit for bit"
+    return f"{equal} of {len(a)} equal bit for bit; largest difference {max(abs(x - y) for x, y in zip(a, b)):.2e}"
+
+
+def outcome(dirs: dict[str, list[Path]], labels: tuple[str, str]) -> list[str]:
+    """The runs' outcomes side by side, repeat against repeat (see the module docstring), as
+    markdown lines."""
+    a, b = labels
+    lines = [f"| repeat | SFT losses, {b} against {a} | RL losses, {b} against {a} | held-out accuracy {a} | "
+             f"held-out accuracy {b} | mean reward {a} | mean reward {b} |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for rep, (da, db) in enumerate(zip(dirs[a], dirs[b]), 1):
+        sft = same_numbers([r["sft_loss"] for r in records(da, "sft")], [r["sft_loss"] for r in records(db, "sft")])
+        rl = same_numbers([r.get("loss", 0.0) for r in records(da, "step")], [r.get("loss", 0.0) for r in records(db, "step")])
+        ea, eb = records(da, "eval"), records(db, "eval")
+        acc = ["/".join(f"{e['accuracy']:.3f}" for e in evals) or "-" for evals in (ea, eb)]
+        reward = ["/".join(f"{e['reward_mean']:.3f}" for e in evals) or "-" for evals in (ea, eb)]
+        lines.append(f"| {rep} | {sft} | {rl} | {acc[0]} | {acc[1]} | {reward[0]} | {reward[1]} |")
+    return lines
+
+
 def compare(runs: dict[str, list[dict[str, float]]], labels: tuple[str, str]) -> list[str]:
     """The medians per commit and the after/before ratios, as markdown lines."""
     a, b = labels
@@ -138,6 +178,7 @@ def main() -> None:
         samples = load_recipe(ROOT / args.recipe, list(args.overrides)).learner.batch_size
     trees = {label: None if args.reuse else worktree(rev, Path(args.worktrees)) for label, rev in zip(labels, args.revs)}
     runs: dict[str, list[dict[str, float]]] = {label: [] for label in labels}
+    dirs: dict[str, list[Path]] = {label: [] for label in labels}
     for rep in range(1, args.repeats + 1):
         for label in labels:
             run_dir = out / f"{label}_{rep}"
@@ -145,12 +186,14 @@ def main() -> None:
                 run_once(trees[label] or worktree(args.revs[labels.index(label)], Path(args.worktrees)), args.recipe, run_dir,
                          args.overrides, args.timeout_s)
             stats = run_stats(run_dir, samples)
+            dirs[label].append(run_dir)
             runs[label].append(stats)
             print(f"{label} {rep}: " + ", ".join(f"{k} {v:.3f}" for k, v in stats.items()), flush=True)
     lines = [run_header(started), "",
              f"`{args.recipe}` with {' '.join('`' + o + '`' for o in args.overrides) or 'no overrides'}; {labels[0]} = "
              f"{args.revs[0]}, {labels[1]} = {args.revs[1]}; {args.repeats} repeats each, interleaved; step times are "
-             f"medians over each run's steps after the first, then the median over runs.", "", *compare(runs, labels)]
+             f"medians over each run's steps after the first, then the median over runs.", "", *compare(runs, labels),
+             "", "The outcome, repeat against repeat (evaluations in order):", "", *outcome(dirs, labels)]
     emit("\n".join(lines), args.key, args.write, section=args.section)
 
 

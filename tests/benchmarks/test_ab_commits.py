@@ -46,3 +46,24 @@ def test_the_comparison_is_after_over_before_with_paired_repeats(ab):
     assert "| samples/s | 11.000 | 12.000 | 1.09x |" in lines
     assert "| RL loop s | 85.000 | 72.500 | 0.85x |" in lines
     assert lines[-1].endswith("1.20x, 1.00x; median 1.10x")
+
+
+def outcome_run(path: Path, sft: list[float], rl: list[float], acc: list[float]) -> Path:
+    recs = [{"kind": "sft", "sft_loss": x} for x in sft] + [{"kind": "step", "loss": x} for x in rl]
+    recs += [{"kind": "eval", "accuracy": a, "reward_mean": a / 2} for a in acc]
+    path.mkdir(parents=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return path
+
+
+def test_the_outcome_says_which_losses_differ_and_by_how_much_and_lists_each_evaluation(ab, tmp_path):
+    a = outcome_run(tmp_path / "a", [1.5, 1.25, 1.0], [0.5, 0.25], [0.25, 0.75])
+    b = outcome_run(tmp_path / "b", [1.5, 1.25, 1.0], [0.5, 0.25 + 3e-8], [0.25, 0.5])
+    row = ab.outcome({"old": [a], "new": [b]}, ("old", "new"))[-1]
+    assert row.startswith("| 1 | all 3 equal bit for bit | 1 of 2 equal bit for bit; largest difference 3.00e-08 |")
+    assert "| 0.250/0.750 | 0.250/0.500 | 0.125/0.375 | 0.125/0.250 |" in row
+
+
+def test_runs_of_different_lengths_are_said_so_not_compared_pairwise(ab):
+    assert ab.same_numbers([1.0, 2.0], [1.0]) == "2 against 1 records"
+    assert ab.same_numbers([], []) == "none logged"
