@@ -259,3 +259,14 @@ def test_colocated_gpu_actors_beside_the_pairs_need_gpus_of_their_own(tmp_path, 
                           ClusterShape(cpus=(16.0,), gpus=(1.0,))).mode == "colocated"
     cpu_critic = recipe(tmp_path, 'placement.mode="colocated"', 'algo.advantage="gae"', "critic.allow_cpu=true", text=GPU)
     assert plan_placement(cpu_critic, ClusterShape(cpus=(16.0,), gpus=(1.0,))).mode == "colocated"
+
+
+@pytest.mark.parametrize("value", ["everything", "0-", "1;2", "all,0"])
+def test_a_cpu_threads_bind_vllm_cannot_read_is_refused_naming_the_key(tmp_path, value):
+    with pytest.raises(ConfigError, match="cpu_threads_bind"):
+        recipe(tmp_path, f'generator.cpu_threads_bind="{value}"')
+
+
+@pytest.mark.parametrize("value", ["auto", "all", "nobind", "0-1", "0,2", "0-3|4-7"])
+def test_every_binding_vllm_or_agentrl_reads_is_accepted(tmp_path, value):
+    assert recipe(tmp_path, f'generator.cpu_threads_bind="{value}"').generator.cpu_threads_bind == value

@@ -62,8 +62,11 @@ class GeneratorConfig(Section):
     resources: dict[str, float] = {}
     """Custom Ray resources each generator actor requires (places generators on the nodes that
     offer them, e.g. ``{gen_node = 1}`` for nodes started with ``--resources``)."""
-    cpu_threads_bind: str = "auto"
-    """``VLLM_CPU_OMP_THREADS_BIND`` for CPU engines: ``auto``, ``all`` or a core list like ``0-1``."""
+    cpu_threads_bind: str = Field("auto", pattern=r"^(auto|nobind|all|\d+(-\d+)?(,\d+(-\d+)?)*(\|\d+(-\d+)?(,\d+(-\d+)?)*)*)$")
+    """Where a CPU engine's OpenMP threads run (``VLLM_CPU_OMP_THREADS_BIND``): ``auto`` (vLLM's
+    choice: one thread per core but one, kept for the rest), ``all`` (every core the generator's
+    process may use: colocated's default, the engine has the machine while it generates),
+    ``nobind``, or a core list like ``0-1`` or ``0,2`` (``|`` between tensor-parallel ranks)."""
     cpu_affinity: list[NonNegativeInt] | None = Field(None, min_length=1)
     """Pin each generator actor to these CPU cores (Linux CPU affinity: every thread of the actor's process,
     inherited by the processes it starts: vLLM's engine processes); None: not pinned. Gives generation and

@@ -56,7 +56,8 @@ class EngineSettings:
     """KV-cache block size in tokens; prefix caching reuses whole blocks only. None = 32 on CPU
     (:data:`CPU_BLOCK_SIZE`) and vLLM's own default on GPUs (16)."""
     cpu_threads_bind: str = "auto"
-    """``VLLM_CPU_OMP_THREADS_BIND`` on CPU."""
+    """Where a CPU engine's OpenMP threads run: ``VLLM_CPU_OMP_THREADS_BIND``, or ``all`` (every
+    core of this process's affinity, :func:`omp_threads_bind`)."""
     seed: int = 0
     """Engine seed."""
     weight_transfer: str | None = None
@@ -154,6 +155,15 @@ CPU_BLOCK_SIZE = 32
 blocks only: a multi-turn episode shorter than that re-prefilled its whole history on every turn,
 and a group's shared prompt was recomputed per sample. 32 is the smallest size the CPU attention
 backend prefers (multiples of 32)."""
+
+
+def omp_threads_bind(setting: str) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``setting`` (``generator.cpu_threads_bind``): vLLM's own
+    values (``auto``, ``nobind``, core lists like ``0-1``) as they are; ``all``, which vLLM does
+    not know: every core this process may run on (its CPU affinity), as a core list (``0,1``)."""
+    if setting != "all":
+        return setting
+    return ",".join(str(core) for core in sorted(os.sched_getaffinity(0)))
 
 
 def engine_kwargs(s: EngineSettings, on_gpu: bool) -> dict[str, Any]:
@@ -256,7 +266,7 @@ class VllmGenerator(GeneratorCounters, Generator):
                                  "build cannot run on the CPU of a GPU node: give this engine num_gpus >= 1")
         self._on_gpu = on_gpu = device.on_gpu
         if not on_gpu:
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", s.cpu_threads_bind)
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", omp_threads_bind(s.cpu_threads_bind))
         if s.weight_transfer is not None:
             from agentrl.engine.generation.weight_transfer import register
 

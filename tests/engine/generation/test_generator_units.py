@@ -70,3 +70,11 @@ def test_every_generator_implements_the_generator_protocol():
         assert Generator in cls.__mro__, cls  # declared: each names the protocol as a base
     assert isinstance(VllmGenerator(EngineSettings(model="unused")), Generator)
     assert isinstance(FakeGenerator(), Generator)
+
+
+def test_all_binds_vllms_openmp_threads_to_every_core_the_process_may_use(monkeypatch) -> None:
+    # vLLM reads "auto", "nobind" or a core list: "all" (colocated's default on CPUs) becomes the
+    # process's affinity, so an engine placed on cores 2 and 5 binds there and nowhere else
+    monkeypatch.setattr(gen_mod.os, "sched_getaffinity", lambda pid: {5, 2})
+    assert gen_mod.omp_threads_bind("all") == "2,5"
+    assert [gen_mod.omp_threads_bind(v) for v in ("auto", "nobind", "0-1")] == ["auto", "nobind", "0-1"]
