@@ -2,15 +2,19 @@
 
 :class:`Assembly` reads the recipe (through :mod:`agentrl.engine.wiring`) for every part the
 controller uses: the learner and critic rank groups and their placement, the generator fleet with
-its weight versions and the run's rollout workers, the publisher, the rollout workers themselves,
-the held-out evaluator and the metric sinks. Parts are built when the controller asks, because
-some need what an earlier stage made (the model after SFT, the placement once Ray is up); each is
-given what it needs in its constructor, none is wired to another afterwards.
+its weight versions and the run's rollout workers, the publisher, the judge and reward-model
+actors, the rollout workers themselves (:class:`RolloutWorkers`), the held-out evaluator, the
+metric sinks and the RL stage (:class:`~agentrl.engine.loop.loop_run.LoopRun`: checkpointer,
+critic stage, learner and rollout-worker failover, queue and ledger). Parts are built when the
+controller asks, because some need what an earlier stage made (the model after SFT, the placement
+once Ray is up); each is given what it needs in its constructor, none is wired to another
+afterwards.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentrl.config import Recipe
@@ -19,12 +23,15 @@ from agentrl.engine.common.cluster import new_actor
 from agentrl.engine.common.run_dir import RunDir
 from agentrl.engine.generation.fleet import GeneratorFleet
 from agentrl.engine.loop.evaluation import Evaluator
+from agentrl.engine.loop.loop import LoopHook
+from agentrl.engine.loop.loop_run import LoopRun
 from agentrl.engine.loop.publishing import WeightPublisher, WeightVersions
 from agentrl.engine.loop.run_state import RunState
 from agentrl.engine.metrics import MetricsLogger
+from agentrl.engine.rewards.reward_actors import RewardActors
 from agentrl.engine.training.learner_group import LearnerGroup
 
-__all__ = ["Assembly", "GenerationParts"]
+__all__ = ["Assembly", "GenerationParts", "RolloutWorkers"]
 
 
 class GenerationParts:
@@ -35,6 +42,36 @@ class GenerationParts:
     def __init__(self, fleet: GeneratorFleet, publisher: WeightPublisher) -> None:
         self.fleet = fleet
         self.publisher = publisher
+
+
+class RolloutWorkers:
+    """Starts the run's rollout workers (:meth:`Assembly.rollout_worker`) on the fleet's current
+    generators with the reward actors of the moment, and releases what a dead one held outside its
+    process; the learner-independent start and teardown a replacement
+    (:mod:`agentrl.engine.loop.rollout_failover`) goes through too.
+
+    ``docker``: the workers' sandboxes are Docker containers (removed when their worker dies;
+    bubblewrap sandboxes and the agent gateway die with the worker's process)."""
+
+    def __init__(self, assembly: Assembly, fleet: GeneratorFleet, tokenizer: str, rewards: RewardActors, docker: bool) -> None:
+        self.assembly, self.fleet, self.tokenizer, self.rewards, self.docker = assembly, fleet, tokenizer, rewards, docker
+        self.pids: dict[int, int] = {}
+        """The process id of each live worker, by index."""
+
+    async def start(self, index: int) -> Any:
+        """Rollout worker ``index``, once it answers."""
+        worker = self.assembly.rollout_worker(index, generators=self.fleet.generators, tokenizer=self.tokenizer,
+                                              reward_actors=self.rewards.worker_kwargs())
+        self.pids[index] = await worker.process_id.remote()
+        return worker
+
+    async def teardown(self, index: int) -> None:
+        """Release what dead worker ``index`` held outside its process (its Docker containers)."""
+        pid = self.pids.pop(index, None)
+        if pid is not None and self.docker:
+            from agentrl.sandbox.docker import remove_containers_of
+
+            await asyncio.to_thread(remove_containers_of, pid)
 
 
 class Assembly:
@@ -148,6 +185,64 @@ class Assembly:
         kwargs = wiring.worker_kwargs(r, tokenizer=tokenizer, run_dir=self.run_dir.root)
         options = {"num_cpus": r.rollout.num_cpus, "runtime_env": wiring.actor_runtime_env(self.run_dir.logs, f"rollout-{index}", r.rollout.cpu_affinity)}
         return new_actor(RolloutWorker, options, generators=generators, **kwargs, **reward_actors)
+
+    async def reward_actors(self, workers: Callable[[], list[Any]], log: MetricsLogger) -> tuple[RewardActors, dict[str, Any]]:
+        """Start the recipe's separate judge generators and reward model (none: empty); returns
+        them and their in-run replaceable slots by scorer name (a replacement is told to the
+        rollout workers ``workers()`` gives)."""
+        from agentrl.engine.rewards.reward_actors import reward_actor_slots, start_reward_actors
+
+        r = self.recipe
+        judges, rm = wiring.judge_actors(r, self.run_dir.logs), wiring.reward_model_actor(r, self.run_dir.logs)
+        actors = await start_reward_actors(judges, rm, startup_timeout_s=r.generator.startup_timeout_s, log=log)
+        slots = reward_actor_slots(
+            actors, judges, rm, workers=workers, log=log, startup_timeout_s=r.generator.startup_timeout_s,
+            judge_max_restarts=r.reward.judge.max_restarts if r.reward.judge is not None else 0,
+            rm_max_restarts=r.reward.model.max_restarts if r.reward.model is not None else 0,
+        )
+        return actors, slots
+
+    def rollout_workers(self, fleet: GeneratorFleet, tokenizer: str, rewards: RewardActors) -> RolloutWorkers:
+        """What starts (and tears down) the run's rollout workers on ``fleet``."""
+        return RolloutWorkers(self, fleet, tokenizer, rewards, docker=self.recipe.sandbox.type == "docker")
+
+    def loop_run(
+        self, rows: list[dict[str, Any]], *, generation: GenerationParts, learners: LearnerGroup, critic: LearnerGroup | None,
+        evaluator: Evaluator | None, tokenizer: str, log: MetricsLogger, workers: RolloutWorkers,
+        reward_slots: dict[str, Any], hooks: Sequence[LoopHook] = (),
+    ) -> LoopRun:
+        """The RL stage over ``rows``: checkpoints, PPO's critic stage (with ``critic``), learner
+        failover (full fine-tuning restarts from the checkpoint's weights, LoRA from the base model
+        ``tokenizer``, whose adapter the checkpoint's learner state holds), rollout-worker failover
+        through ``workers``, and ``hooks`` (plus the sandbox watch when the recipe has a sandbox)."""
+        from agentrl.engine.loop.checkpointing import RunCheckpointer
+        from agentrl.engine.loop.critic_stage import CriticStage
+        from agentrl.engine.loop.failover import LearnerFailover
+        from agentrl.engine.loop.rollout_failover import RolloutFailover
+        from agentrl.engine.loop.sandbox_watch import SandboxWatch
+
+        r, rd = self.recipe, self.run_dir
+        fleet, publisher = generation.fleet, generation.publisher
+        failover = LearnerFailover(
+            run_dir=rd, learners=learners, fleet=fleet, publisher=publisher, max_restarts=r.learner.max_restarts, log=log,
+            learner_kwargs=lambda weights: wiring.learner_kwargs(r, model=tokenizer if r.lora else weights, tokenizer=tokenizer, run_dir=rd.root),
+            critic=critic, critic_kwargs=lambda: wiring.critic_kwargs(r, model=tokenizer),
+            start=tokenizer if r.lora is None else None,  # before the first checkpoint: step 0 from the RL starting point
+        )
+        return LoopRun(
+            rows=rows, fleet=fleet, publisher=publisher, learners=learners, log=log, run_dir=rd,
+            batch=wiring.batch_settings(r), settings=wiring.loop_settings(r),
+            queue_kwargs=wiring.queue_kwargs(r), ledger_kwargs=wiring.ledger_kwargs(r, len(rows)),
+            checkpointer=RunCheckpointer(run_dir=rd, learners=learners, keep=r.checkpoint.keep, tokenizer=tokenizer, log=log, critic=critic),
+            failover=failover, evaluator=evaluator,
+            hooks=[*hooks, SandboxWatch(log=log)] if r.sandbox.type is not None else list(hooks),
+            critic=CriticStage(group=critic, settings=wiring.gae_settings(r), warmup_steps=r.critic_settings.warmup_steps) if critic is not None else None,
+            rollout_failover=RolloutFailover(  # one for the stage: its restarts are bounded across learner restarts
+                workers=lambda: fleet.workers, start=workers.start, teardown=workers.teardown,
+                max_restarts=r.rollout.max_restarts, log=log,
+            ),
+            reward_actors=reward_slots,
+        )
 
     def evaluator(self, workers: Callable[[], list[Any]], log: MetricsLogger, state: RunState | None) -> Evaluator | None:
         """The held-out evaluation on the rollout workers ``workers()`` gives (None when the recipe

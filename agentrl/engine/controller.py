@@ -21,22 +21,15 @@ from typing import Any
 
 from agentrl.config import Recipe
 from agentrl.engine import wiring
-from agentrl.engine.assembly import Assembly
-from agentrl.engine.loop.checkpointing import RunCheckpointer
+from agentrl.engine.assembly import Assembly, GenerationParts, RolloutWorkers
 from agentrl.engine.common.cluster import RayErrorRoute, cluster_nodes, shutdown_all, start_ray, stop_ray
-from agentrl.engine.loop.critic_stage import CriticStage
 from agentrl.engine.loop.evaluation import Evaluator
-from agentrl.engine.loop.failover import LearnerFailover, run_with_failover
 from agentrl.engine.generation.fleet import GeneratorFleet
 from agentrl.engine.training.learner_group import LearnerGroup
-from agentrl.engine.loop.ledger import PromptLedger
 from agentrl.engine.loop.loop import LoopHook, RLLoop
-from agentrl.engine.loop.rollout_failover import RolloutFailover
-from agentrl.engine.loop.sandbox_watch import SandboxWatch
 from agentrl.engine.metrics import MetricsLogger
 from agentrl.engine.prepare import prepare_model
-from agentrl.engine.loop.publishing import WeightPublisher
-from agentrl.engine.rewards.reward_actors import RewardActors, reward_actor_slots, start_reward_actors
+from agentrl.engine.rewards.reward_actors import RewardActors
 from agentrl.engine.common.run_dir import RunDir
 from agentrl.engine.loop.run_state import (
     RunState,
@@ -44,7 +37,6 @@ from agentrl.engine.loop.run_state import (
     read_state,
     truncate_logs,
 )
-from agentrl.engine.loop.staleness import StalenessQueue
 from agentrl.engine.common.summary import RunSummary, write_summary
 from agentrl.engine.common.waits import timed
 from agentrl.errors import ConfigError
@@ -73,6 +65,8 @@ class Controller:
         """A separate judge's generators and the reward model (``[reward]``), once started."""
         self.reward_slots: dict[str, Any] = {}
         """The same, replaceable in-run (:func:`~agentrl.engine.rewards.reward_actors.reward_actor_slots`), by scorer name."""
+        self.workers: RolloutWorkers | None = None
+        """What starts and tears down the rollout workers, once the actors start."""
 
     @property
     def recipe(self) -> Recipe:
@@ -156,7 +150,7 @@ class Controller:
                 await evaluator(0)
             if r.mode == "eval":
                 return self._summarise(RunSummary(rd.root, 0, 0, Path(model), 0, 0, 0), evaluator.records if evaluator else [])
-            loop = await self._rl(rows, fleet, publisher, learners, evaluator, tokenizer, state, log, critic)
+            loop = await self._rl(rows, generation, learners, evaluator, tokenizer, state, log, critic)
             final = rd.final
             await learners.call("publish", str(final), with_tokenizer=True, serving_dtype=True, merged=True, what="writing the final checkpoint")
             if r.lora is not None:
@@ -273,78 +267,22 @@ class Controller:
             log.event(learner_line(learner_info, learner_s), learners=learner_info)
         if critic is not None:
             log.event(critic_line(critic_info, critic_s), critics=critic_info)
-        judge_specs, rm_spec = wiring.judge_actors(r, self.run_dir.logs), wiring.reward_model_actor(r, self.run_dir.logs)
-        self.rewards = await start_reward_actors(judge_specs, rm_spec, startup_timeout_s=r.generator.startup_timeout_s, log=log)
-        self.reward_slots = reward_actor_slots(  # a dead judge generator or reward model is replaced in-run
-            self.rewards, judge_specs, rm_spec, workers=lambda: fleet.workers, log=log, startup_timeout_s=r.generator.startup_timeout_s,
-            judge_max_restarts=r.reward.judge.max_restarts if r.reward.judge is not None else 0,
-            rm_max_restarts=r.reward.model.max_restarts if r.reward.model is not None else 0,
-        )
-        self._worker_pids: dict[int, int] = {}
-
-        async def start_worker(i: int) -> Any:
-            """Rollout worker ``i`` (the fleet's current generators), once it answers; a
-            replacement (:mod:`agentrl.engine.loop.rollout_failover`) is started the same way."""
-            worker = self.parts.rollout_worker(i, generators=fleet.generators, tokenizer=tokenizer,
-                                               reward_actors=self.rewards.worker_kwargs())  # the reward actors of now
-            self._worker_pids[i] = await worker.process_id.remote()
-            return worker
-
-        async def teardown_worker(i: int) -> None:
-            """Release what dead rollout worker ``i`` held outside its process: its Docker
-            sandbox containers (bubblewrap sandboxes and the agent gateway died with it)."""
-            pid = self._worker_pids.pop(i, None)
-            if pid is not None and r.sandbox.type == "docker":
-                from agentrl.sandbox.docker import remove_containers_of
-
-                await asyncio.to_thread(remove_containers_of, pid)
-
-        self._start_worker, self._teardown_worker = start_worker, teardown_worker
-        started = await timed(asyncio.gather(*[start_worker(i) for i in range(r.rollout.num_workers)]), 300, "rollout worker start-up")
+        self.rewards, self.reward_slots = await self.parts.reward_actors(lambda: fleet.workers, log)  # replaced in-run when they die
+        self.workers = workers = self.parts.rollout_workers(fleet, tokenizer, self.rewards)
+        started = await timed(asyncio.gather(*[workers.start(i) for i in range(r.rollout.num_workers)]), 300, "rollout worker start-up")
         fleet.add_workers(started)
 
     async def _rl(
-        self, rows: list[dict[str, Any]], fleet: GeneratorFleet, publisher: WeightPublisher, learners: LearnerGroup,
+        self, rows: list[dict[str, Any]], generation: GenerationParts, learners: LearnerGroup,
         evaluator: Evaluator | None, tokenizer: str, state: RunState | None, log: MetricsLogger,
         critic: LearnerGroup | None = None,
     ) -> RLLoop:
         """The RL loop from ``state`` (None: the start); a learner rank that dies is restarted
         from the newest checkpoint (``learner.max_restarts`` times) and the loop goes on from it."""
-        r, rd = self.recipe, self.run_dir
-        checkpointer = RunCheckpointer(run_dir=rd, learners=learners, keep=r.checkpoint.keep, tokenizer=tokenizer, log=log, critic=critic)
-        critic_stage = CriticStage(group=critic, settings=wiring.gae_settings(r), warmup_steps=r.critic_settings.warmup_steps) if critic is not None else None
-        failover = LearnerFailover(
-            run_dir=rd, learners=learners, fleet=fleet, publisher=publisher, max_restarts=r.learner.max_restarts, log=log,
-            # full fine-tuning restarts from the checkpoint's weights; LoRA from the base model
-            # (the checkpoint's learner state holds the adapter)
-            learner_kwargs=lambda weights: wiring.learner_kwargs(r, model=tokenizer if r.lora else weights, tokenizer=tokenizer, run_dir=rd.root),
-            critic=critic, critic_kwargs=lambda: wiring.critic_kwargs(r, model=tokenizer),
-            start=tokenizer if r.lora is None else None,  # before the first checkpoint: step 0 from the RL starting point
-        )
-
-        rollout_failover = RolloutFailover(  # one for the run: its restarts are bounded across learner restarts
-            workers=lambda: fleet.workers, start=self._start_worker, teardown=self._teardown_worker,
-            max_restarts=r.rollout.max_restarts, log=log,
-        )
-
-        hooks = [*self.hooks, SandboxWatch(log=log)] if r.sandbox.type is not None else self.hooks
-
-        async def run(at: RunState | None) -> RLLoop:
-            queue = StalenessQueue(**wiring.queue_kwargs(r))
-            kwargs = wiring.ledger_kwargs(r, len(rows))
-            ledger = PromptLedger.restore(at, queue, **kwargs) if at is not None else PromptLedger(**kwargs)
-            if evaluator is not None and at is not None:
-                evaluator.records = list(at.evals)
-            loop = RLLoop(
-                rows=rows, queue=queue, ledger=ledger, fleet=fleet, publisher=publisher, learners=learners,
-                batch=wiring.batch_settings(r), settings=wiring.loop_settings(r), log=log, run_dir=rd,
-                checkpoint=checkpointer.save, evaluate=evaluator, version=at.version if at is not None else 0, hooks=hooks,
-                critic=critic_stage, rollout_failover=rollout_failover, reward_actors=self.reward_slots,
-            )
-            await loop.run()
-            return loop
-
-        return await run_with_failover(run, failover, state)
+        assert self.workers is not None, "the actors start before the RL stage"
+        stage = self.parts.loop_run(rows, generation=generation, learners=learners, critic=critic, evaluator=evaluator,
+                                    tokenizer=tokenizer, log=log, workers=self.workers, reward_slots=self.reward_slots, hooks=self.hooks)
+        return await stage.run(state)
 
     def _summarise(self, summary: RunSummary, evals: list[dict[str, Any]]) -> RunSummary:
         write_summary(self.run_dir.summary, summary, evals)

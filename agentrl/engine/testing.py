@@ -247,10 +247,8 @@ class FakeRun:
         """Start, then run the loop (with learner failover) from ``state``; the finished loop."""
         from agentrl.engine.loop.checkpointing import RunCheckpointer
         from agentrl.engine.loop.critic_stage import CriticStage, GaeSettings
-        from agentrl.engine.loop.failover import LearnerFailover, run_with_failover
-        from agentrl.engine.loop.ledger import PromptLedger
-        from agentrl.engine.loop.loop import RLLoop
-        from agentrl.engine.loop.staleness import StalenessQueue
+        from agentrl.engine.loop.failover import LearnerFailover
+        from agentrl.engine.loop.loop_run import LoopRun
 
         await self.start(state.version if state is not None else 0)
         if state is not None:
@@ -285,21 +283,15 @@ class FakeRun:
                 startup_timeout_s=30.0, probe_timeout_s=5.0, spawn=self._spawn_reward_actor,
             )
 
-        async def run(at: Any) -> RLLoop:
-            queue = StalenessQueue(batch_size=self.batch_size, group_size=self.group_size, max_staleness=self.max_staleness,
-                                   **self.queue_kwargs)
-            kwargs = {"num_rows": len(self.rows), "group_size": self.group_size}
-            ledger = PromptLedger.restore(at, queue, **kwargs) if at is not None else PromptLedger(**kwargs)
-            loop = RLLoop(
-                rows=self.rows, queue=queue, ledger=ledger, fleet=self.fleet, publisher=self.publisher, learners=self.learners,
-                batch=self.batch, settings=self.settings, log=self.log, run_dir=self.run_dir, checkpoint=checkpointer.save,
-                version=at.version if at is not None else 0, hooks=self.hooks, critic=stage, rollout_failover=rollout_failover,
-                reward_actors=reward_slots,
-            )
-            await loop.run()
-            return loop
-
+        loop_run = LoopRun(
+            rows=self.rows, fleet=self.fleet, publisher=self.publisher, learners=self.learners, log=self.log, run_dir=self.run_dir,
+            batch=self.batch, settings=self.settings, checkpointer=checkpointer, failover=failover, hooks=self.hooks,
+            critic=stage, rollout_failover=rollout_failover, reward_actors=reward_slots,
+            queue_kwargs={"batch_size": self.batch_size, "group_size": self.group_size, "max_staleness": self.max_staleness,
+                          **self.queue_kwargs},
+            ledger_kwargs={"num_rows": len(self.rows), "group_size": self.group_size},
+        )
         try:
-            return await run_with_failover(run, failover, state)
+            return await loop_run.run(state)
         finally:
             self.fleet.cancel_reload()
