@@ -158,6 +158,9 @@ def main() -> None:
     ap.add_argument("--labels", nargs=2, default=("before", "after"))
     ap.add_argument("--recipe", default="recipes/tiny_calc.toml")
     ap.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    ap.add_argument("--set-after", action="append", default=[], dest="after_overrides", metavar="KEY=VALUE",
+                    help="overrides for the after commit only (a key the before commit does not know, set to "
+                         "what that commit did: e.g. placement.mode=\"separate\" against a commit before [placement])")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--samples-per-step", type=int, default=None, help="default: the recipe's learner.batch_size")
     ap.add_argument("--out", default="/tmp/agentrl-ab/runs")
@@ -183,14 +186,17 @@ def main() -> None:
         for label in labels:
             run_dir = out / f"{label}_{rep}"
             if not (args.reuse and (run_dir / "metrics.jsonl").is_file()):
+                extra = args.after_overrides if label == labels[1] else []
                 run_once(trees[label] or worktree(args.revs[labels.index(label)], Path(args.worktrees)), args.recipe, run_dir,
-                         args.overrides, args.timeout_s)
+                         [*args.overrides, *extra], args.timeout_s)
             stats = run_stats(run_dir, samples)
             dirs[label].append(run_dir)
             runs[label].append(stats)
             print(f"{label} {rep}: " + ", ".join(f"{k} {v:.3f}" for k, v in stats.items()), flush=True)
     lines = [run_header(started), "",
-             f"`{args.recipe}` with {' '.join('`' + o + '`' for o in args.overrides) or 'no overrides'}; {labels[0]} = "
+             f"`{args.recipe}` with {' '.join('`' + o + '`' for o in args.overrides) or 'no overrides'}"
+             + (f" ({labels[1]} also {' '.join('`' + o + '`' for o in args.after_overrides)})" if args.after_overrides else "")
+             + f"; {labels[0]} = "
              f"{args.revs[0]}, {labels[1]} = {args.revs[1]}; {args.repeats} repeats each, interleaved; step times are "
              f"medians over each run's steps after the first, then the median over runs.", "", *compare(runs, labels),
              "", "The outcome, repeat against repeat (evaluations in order):", "", *outcome(dirs, labels)]
