@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -67,10 +68,12 @@ def worktree(rev: str, root: Path) -> Path:
 def run_once(tree: Path, recipe: str, run_dir: Path, overrides: list[str], timeout_s: float) -> float:
     """``agentrl train recipe`` in ``tree`` (its own code on ``PYTHONPATH``) into ``run_dir``;
     the whole command's seconds. Raises ``SystemExit`` naming the log when it fails."""
-    cmd = [str(tree / ".venv" / "bin" / "agentrl"), "train", recipe, "--fresh", "--set", f'run_dir="{run_dir}"']
+    cmd = [str(tree / ".venv" / "bin" / "agentrl"), "train", recipe, "--set", f'run_dir="{run_dir}"']
     for o in overrides:
         cmd += ["--set", o]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
+    if run_dir.exists():  # this benchmark's own run being made again (no --fresh: older commits' CLIs lack it)
+        shutil.rmtree(run_dir)
     t0 = time.monotonic()
     with open(f"{run_dir}.log", "w") as log:
         rc = subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, stdout=log, stderr=subprocess.STDOUT,
