@@ -47,8 +47,8 @@ class GenerationParts:
 class RolloutWorkers:
     """Starts the run's rollout workers (:meth:`Assembly.rollout_worker`) on the fleet's current
     generators with the reward actors of the moment, and releases what a dead one held outside its
-    process; the learner-independent start and teardown a replacement
-    (:mod:`agentrl.engine.loop.rollout_failover`) goes through too.
+    process. The run's first workers start through it, and so does each replacement
+    (:mod:`agentrl.engine.loop.rollout_failover`).
 
     ``docker``: the workers' sandboxes are Docker containers (removed when their worker dies;
     bubblewrap sandboxes and the agent gateway die with the worker's process)."""
