@@ -21,7 +21,9 @@ from tests.e2e.helpers import REPO, train_cmd
 def _train(run_dir: Path, model: Path, mode: str, sft_steps: int) -> None:
     cmd = train_cmd(
         run_dir, model,
-        *(["mode=sync", "placement.mode=separate"] if mode == "sync" else ["mode=async", "placement.mode=auto"]),
+        # the colocated run binds vLLM's OpenMP threads as a recipe without the key does there ("all")
+        *(["mode=sync", "placement.mode=separate"] if mode == "sync"
+          else ["mode=async", "placement.mode=auto", 'generator.cpu_threads_bind="all"']),
         "algo.max_staleness=0",
         # a short warm-up (30 steps, in the sync run) so that episodes differ in length, and a
         # length penalty so that rewards differ within a group: the RL steps then move the parameters
@@ -85,3 +87,7 @@ def test_colocated_trains_exactly_what_sync_trains(tmp_path, tiny_calc_model):
     assert "one machine without GPUs" in placed["async"]["placement_reason"]
     recipe = json.loads((runs["async"] / "recipe.json").read_text())  # what the run did: every core to each phase
     assert recipe["placement"]["mode"] == "colocated" and recipe["learner"]["torch_threads"] == len(os.sched_getaffinity(0))
+    # "all" reached vLLM as the cores the generator may use (vLLM itself reads no "all": an engine
+    # given it does not start)
+    ready = next(r for r in map(json.loads, (runs["async"] / "metrics.jsonl").read_text().splitlines()) if r.get("generators"))
+    assert [g["cpu_threads_bind"] for g in ready["generators"]] == [",".join(map(str, sorted(os.sched_getaffinity(0))))], ready

@@ -251,7 +251,9 @@ class VllmGenerator(GeneratorCounters, Generator):
         could reuse blocks computed with the old adapter."""
 
     async def start(self) -> dict[str, Any]:
-        """Create the engine (tens of seconds on CPU). Returns facts about it."""
+        """Create the engine (tens of seconds on CPU). Returns facts about it: ``startup_s``,
+        ``device``, ``pid``, ``node_id`` (on Ray) and on CPU ``cpu_threads_bind``, the
+        ``VLLM_CPU_OMP_THREADS_BIND`` its OpenMP threads were bound by."""
         s = self.settings
         try:
             from vllm import AsyncEngineArgs
@@ -288,6 +290,8 @@ class VllmGenerator(GeneratorCounters, Generator):
         await self.engine.update_weight_version(str(self.version))
         self._tied = bool(getattr(self.engine.model_config.hf_text_config, "tie_word_embeddings", False))
         info: dict[str, Any] = {"startup_s": time.monotonic() - t0, "device": "cuda" if on_gpu else "cpu", "pid": os.getpid()}
+        if not on_gpu:  # what the engine's OpenMP threads were bound to (the environment's value wins over the setting)
+            info["cpu_threads_bind"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
         node = current_node_id()
         if node is not None:
             info["node_id"] = node
