@@ -14,6 +14,10 @@ the same objective, :func:`agentrl.algos.policy_loss`, everywhere):
 - ``learner-sorted-fixed``: the same fixed size, but the samples sorted by length (longest
   first) before they are cut into micro-batches: the strong fixed-size baseline (arrival order
   pads ~46% of the slots on the default batch, sorting most of that away);
+- ``learner-packed``: the learner with packed micro-batches (``learner.pack_microbatches = "on"``:
+  a micro-batch's samples end to end in one row, no padding, budgeted by their tokens); with the
+  model's own attention implementation (sdpa on a CPU, where transformers masks the packed row
+  block-causally; flash attention on a GPU runs each sample alone);
 - ``learner-actor``: the learner as a run drives it: a Ray actor in a process of its own (one
   rank, ``torch_threads`` as the other configurations), set up and called through
   :class:`~agentrl.engine.training.learner_group.LearnerGroup` (the batch put in Ray's object
@@ -97,7 +101,7 @@ Planner = Callable[[list[int], int, int], list[list[int]]]
 """The signature of :func:`plan_microbatches`: (sample lengths, token budget, world size) to
 micro-batches, each a list of sample indices."""
 
-CONFIGS = ("learner", "plain", "learner-fixed", "learner-sorted-fixed", "learner-actor")
+CONFIGS = ("learner", "plain", "learner-fixed", "learner-sorted-fixed", "learner-packed", "learner-actor")
 """Every configuration, in the order they run within a repeat; ``plain`` is the baseline."""
 FIXED = ("learner-fixed", "learner-sorted-fixed")
 """The fixed-size micro-batch configurations, baselines for token-budget micro-batching."""
@@ -271,10 +275,12 @@ def main() -> None:
             "plain": real_plan,  # the plain loop runs the learner's micro-batches
             "learner-fixed": fixed_plan(args.max_len),
             "learner-sorted-fixed": fixed_plan(args.max_len, by_length=True),
+            "learner-packed": real_plan,  # the rank passes packed=True while this configuration runs
             "learner-actor": real_plan,  # the rank in the actor plans with the real planner
         }
-        plans = {k: planners[k](lengths, args.budget, 1) for k in configs}
-        pad = {k: padding_fraction(lengths, plan) for k, plan in plans.items()}
+        plans = {k: real_plan(lengths, args.budget, 1, packed=True) if k == "learner-packed" else planners[k](lengths, args.budget, 1)
+                 for k in configs}
+        pad = {k: 0.0 if k == "learner-packed" else padding_fraction(lengths, plan) for k, plan in plans.items()}  # packed: no pad
         n_mb = {k: len(plan) for k, plan in plans.items()}
 
         times: dict[str, list[float]] = {k: [] for k in configs}
@@ -294,6 +300,7 @@ def main() -> None:
                         step = actor.step
                     else:
                         planner_mod.plan_microbatches = planners[name]
+                        learner.packed = name == "learner-packed"  # what learner.pack_microbatches = "on" sets up
                         step = learner.train_step
                     step(batch)  # warm-up
                     for _ in range(args.steps):
@@ -304,6 +311,7 @@ def main() -> None:
                         cpu[name].append(time.process_time() - c0)
                         peak[name].append(mem.rise)
                     planner_mod.plan_microbatches = real_plan
+                    learner.packed = False
                     if name == "plain":
                         del loop, step  # its model and AdamW state leave before the next configuration
                 rep_t = {k: statistics.median(v[-args.steps:]) for k, v in times.items()}
