@@ -15,11 +15,12 @@ update carries tokens of both versions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from agentrl.engine.common.interfaces import Generation, Generator
 from agentrl.engine.common.cluster import current_node_id
@@ -56,8 +57,9 @@ class EngineSettings:
     """KV-cache block size in tokens; prefix caching reuses whole blocks only. None = 32 on CPU
     (:data:`CPU_BLOCK_SIZE`) and vLLM's own default on GPUs (16)."""
     cpu_threads_bind: str = "auto"
-    """Where a CPU engine's OpenMP threads run: ``VLLM_CPU_OMP_THREADS_BIND``, or ``all`` (every
-    core of this process's affinity, :func:`omp_threads_bind`)."""
+    """Where a CPU engine's OpenMP threads run: a ``VLLM_CPU_OMP_THREADS_BIND`` value, or ``all`` (every
+    core of this process's affinity, :func:`omp_threads_bind`). It decides over the variable in the
+    environment, which the engine is started with for its start only."""
     seed: int = 0
     """Engine seed."""
     weight_transfer: str | None = None
@@ -166,6 +168,23 @@ def omp_threads_bind(setting: str) -> str:
     return ",".join(str(core) for core in sorted(os.sched_getaffinity(0)))
 
 
+@contextlib.contextmanager
+def environ_set(values: dict[str, str | None]) -> Iterator[None]:
+    """Set the environment variables of ``values`` (None: left as it is) for the ``with`` block,
+    then put back what was there (or remove what was not)."""
+    before = {name: os.environ.get(name) for name, value in values.items() if value is not None}
+    try:
+        for name in before:
+            os.environ[name] = str(values[name])
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def engine_kwargs(s: EngineSettings, on_gpu: bool) -> dict[str, Any]:
     """``AsyncEngineArgs`` keyword arguments for ``s`` on a GPU (``on_gpu``) or CPU machine."""
     kwargs: dict[str, Any] = {
@@ -267,8 +286,9 @@ class VllmGenerator(GeneratorCounters, Generator):
             raise GeneratorError(f"vLLM engine for {s.model!r} has no GPU to run on: {device.reason}; vLLM's CUDA "
                                  "build cannot run on the CPU of a GPU node: give this engine num_gpus >= 1")
         self._on_gpu = on_gpu = device.on_gpu
-        if not on_gpu:
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", omp_threads_bind(s.cpu_threads_bind))
+        # the engine's processes read the binding from the environment when they start: it is set
+        # for the start only, so that it reaches no later engine or subprocess of this process
+        bind = None if on_gpu else omp_threads_bind(s.cpu_threads_bind)
         if s.weight_transfer is not None:
             from agentrl.engine.generation.weight_transfer import register
 
@@ -282,7 +302,8 @@ class VllmGenerator(GeneratorCounters, Generator):
         args = AsyncEngineArgs(**engine_kwargs(s, on_gpu))
         t0 = time.monotonic()
         try:
-            self.engine = AsyncLLM.from_engine_args(args)
+            with environ_set({"VLLM_CPU_OMP_THREADS_BIND": bind}):
+                self.engine = AsyncLLM.from_engine_args(args)
         except (OSError, ValueError) as exc:
             raise ModelError(f"vLLM could not load model {s.model!r}: {exc}") from exc
         except Exception as exc:
@@ -290,8 +311,8 @@ class VllmGenerator(GeneratorCounters, Generator):
         await self.engine.update_weight_version(str(self.version))
         self._tied = bool(getattr(self.engine.model_config.hf_text_config, "tie_word_embeddings", False))
         info: dict[str, Any] = {"startup_s": time.monotonic() - t0, "device": "cuda" if on_gpu else "cpu", "pid": os.getpid()}
-        if not on_gpu:  # what the engine's OpenMP threads were bound to (the environment's value wins over the setting)
-            info["cpu_threads_bind"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+        if bind is not None:  # what the engine's OpenMP threads were bound to
+            info["cpu_threads_bind"] = bind
         node = current_node_id()
         if node is not None:
             info["node_id"] = node

@@ -1,6 +1,7 @@
 """Generator bookkeeping that needs no engine: busy time and version spans."""
 
 import asyncio
+import os
 
 from agentrl.engine.generation import generator as gen_mod
 from agentrl.engine.generation.generator import EngineSettings, VllmGenerator, versions_from_spans
@@ -78,3 +79,38 @@ def test_all_binds_vllms_openmp_threads_to_every_core_the_process_may_use(monkey
     monkeypatch.setattr(gen_mod.os, "sched_getaffinity", lambda pid: {5, 2})
     assert gen_mod.omp_threads_bind("all") == "2,5"
     assert [gen_mod.omp_threads_bind(v) for v in ("auto", "nobind", "0-1")] == ["auto", "nobind", "0-1"]
+
+
+class _FakeEngine:
+    """What ``start`` reads of a started ``AsyncLLM``."""
+
+    class model_config:
+        class hf_text_config:
+            tie_word_embeddings = False
+
+    async def update_weight_version(self, version: str) -> None:
+        pass
+
+
+def test_the_setting_binds_the_engine_and_the_binding_leaves_no_trace_in_the_environment(monkeypatch) -> None:
+    # a process that hosts an engine (a test session, an in-process run) starts later engines and
+    # `agentrl train` subprocesses: what one engine was bound to must not become theirs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    seen: list[str | None] = []
+
+    def fake_start(args):
+        seen.append(os.environ.get("VLLM_CPU_OMP_THREADS_BIND"))
+        return _FakeEngine()
+
+    monkeypatch.setattr(AsyncLLM, "from_engine_args", staticmethod(fake_start))
+    monkeypatch.setattr(gen_mod.os, "sched_getaffinity", lambda pid: {0, 3})
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    info = asyncio.run(VllmGenerator(EngineSettings(model="unused", cpu_threads_bind="all")).start())
+    assert seen == ["0,3"] and info["cpu_threads_bind"] == "0,3"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
+    # a value already in the environment (a user's export) is put back, and the setting decides
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    info = asyncio.run(VllmGenerator(EngineSettings(model="unused", cpu_threads_bind="auto")).start())
+    assert seen[-1] == "auto" and info["cpu_threads_bind"] == "auto"
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
