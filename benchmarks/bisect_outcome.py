@@ -5,7 +5,7 @@ them, this finds the first one that changed what the run trains. It needs a run 
 deterministic on one commit: ``mode = "sync"`` (sampling is seeded per episode and turn, and the
 learner trains each step's batch once the batch is whole), best from a fixed model without SFT
 (``--set model.path=... --set sft.steps=0``). Each commit's run is compared with the first
-commit's by its RL losses step by step, bit for bit.
+commit's by its RL losses step by step: bit for bit, or within ``--atol``.
 
 It runs the first commit twice (the run must repeat itself bit for bit, or the bisection would
 mean nothing), the last commit once (it must differ, or there is nothing to find), then halves the
@@ -59,6 +59,11 @@ def rl_losses(run_dir: Path) -> list[float]:
     return [r.get("loss", 0.0) for r in records(run_dir, "step")]
 
 
+def agree(a: list[float], b: list[float], atol: float) -> bool:
+    """The two runs' losses are the same: as many steps, each within ``atol`` (0: bit for bit)."""
+    return len(a) == len(b) and all(abs(x - y) <= atol for x, y in zip(a, b))
+
+
 def subject(rev: str) -> str:
     """``rev``'s short hash and the first 100 characters of its message's first line."""
     return subprocess.run(["git", "log", "-1", "--format=%h %s", rev], cwd=ROOT, capture_output=True, text=True,
@@ -96,7 +101,7 @@ class Bisection:
                 self.seen[rev] = "failed"
             else:
                 assert self.reference is not None
-                self.seen[rev] = "same" if losses == self.reference else "differs"
+                self.seen[rev] = "same" if agree(self.reference, losses, self.args.atol) else "differs"
                 self.log.append(f"| {subject(rev)} | {same_numbers(self.reference, losses)} |")
             print(f"{subject(rev)}: {self.seen[rev]}", flush=True)
         return self.seen[rev]
@@ -134,6 +139,9 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     ap.add_argument("--set-where", action="append", default=[], dest="where", metavar="PATH:KEY=VALUE",
                     help="KEY=VALUE only for commits in which PATH exists")
+    ap.add_argument("--atol", type=float, default=0.0,
+                    help="largest loss difference still counted the same (0: bit for bit; float sums taken in another "
+                         "order differ in the 8th digit)")
     ap.add_argument("--out", default="/tmp/agentrl-bisect/runs")
     ap.add_argument("--worktrees", default="/tmp/agentrl-ab")
     ap.add_argument("--timeout-s", type=float, default=1800)
@@ -152,9 +160,10 @@ def main() -> None:
     head = [run_header(started), "",
             f"`{args.recipe}` with {' '.join('`' + o + '`' for o in args.overrides)}"
             + (f", and where the file exists {' '.join('`' + w + '`' for w in args.where)}" if args.where else "")
+            + (f"; losses within {args.atol:g} count as the same" if args.atol else "; losses compared bit for bit")
             + f"; {len(commits) - 2} commits between {commits[0][:7]} and {commits[-1][:7]} (first parents).", "",
             f"{commits[0][:7]} run twice: RL losses {same_numbers(b.reference, again)}."]
-    if again != b.reference:
+    if not agree(b.reference, again, args.atol):
         emit("\n".join([*head, "", "The run does not repeat itself: no bisection (make it deterministic: mode = \"sync\")."]),
              args.key, args.write, section=args.section)
         raise SystemExit(1)

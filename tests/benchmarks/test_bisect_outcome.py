@@ -40,3 +40,11 @@ def test_a_key_is_set_only_where_its_file_exists(tmp_path: Path) -> None:
     (tmp_path / "agentrl" / "placement_plan.py").write_text("")
     where = ['agentrl/placement_plan.py:placement.mode="separate"', 'agentrl/nothing.py:x.y=1']
     assert overrides_for(tmp_path, ["mode=sync"], where) == ["mode=sync", 'placement.mode="separate"']
+
+
+def test_losses_agree_bit_for_bit_or_within_the_tolerance() -> None:
+    from benchmarks.bisect_outcome import agree
+
+    assert agree([0.5, 0.25], [0.5, 0.25], 0.0) and not agree([0.5, 0.25], [0.5, 0.25 + 1e-9], 0.0)
+    assert agree([0.5, 0.25], [0.5, 0.25 + 1e-9], 1e-6) and not agree([0.5, 0.25], [0.5, 0.26], 1e-6)
+    assert not agree([0.5], [0.5, 0.25], 1.0)  # a run that stopped early is not the same run
