@@ -11,6 +11,7 @@
 #   AGENTRL_DOCKERD_LOG   where dockerd's output goes (default /var/log/agentrl-dockerd.log)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/detach.sh
 ROOT=$(pwd)
 PY="$ROOT/.venv/bin/python"
 WAIT_S=${AGENTRL_DOCKER_WAIT_S:-90}
@@ -48,8 +49,8 @@ if ! engine_up; then
     fi
     log "starting dockerd --storage-driver=vfs (log: $DOCKERD_LOG)"
     mkdir -p "$(dirname "$DOCKERD_LOG")"
-    # Its own session, detached from this shell: it outlives the script (and the test run).
-    setsid nohup dockerd --storage-driver=vfs >>"$DOCKERD_LOG" 2>&1 < /dev/null &
+    # its own session, detached from this shell and its open files (scripts/detach.sh)
+    start_detached "$DOCKERD_LOG" dockerd --storage-driver=vfs
     waited=0
     until engine_up; do
         if [ "$waited" -ge "$WAIT_S" ]; then
