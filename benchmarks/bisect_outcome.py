@@ -170,7 +170,8 @@ def main() -> None:
     b.seen[commits[0]] = "same"
     last = b.verdict(commits[-1])
     if last != "differs":
-        emit("\n".join([*head, "", f"{commits[-1][:7]} trains the same numbers ({last}): nothing changed them in the range."]),
+        emit("\n".join([*head, "", "| commit | RL losses against the first commit's |", "| --- | --- |", *b.log, "",
+                         f"{commits[-1][:7]} trains the same numbers ({last}): nothing changed them in the range."]),
              args.key, args.write, section=args.section)
         return
     first, skipped = bisect(commits, b.verdict)
