@@ -185,6 +185,27 @@ def environ_set(values: dict[str, str | None]) -> Iterator[None]:
                 os.environ[name] = value
 
 
+def sampling_params(sampling: dict[str, Any]) -> Any:
+    """The ``vllm.SamplingParams`` a generator samples with for ``sampling`` (its keyword
+    arguments; ``structured_outputs`` may be a dict of ``StructuredOutputsParams`` arguments):
+    the sampled tokens' log-probabilities returned, stop strings kept in the output, special
+    tokens kept in the text, one final output per request."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    if isinstance(sampling.get("structured_outputs"), dict):  # e.g. {"regex": ...} from a judge
+        from vllm.sampling_params import StructuredOutputsParams
+
+        sampling = {**sampling, "structured_outputs": StructuredOutputsParams(**sampling["structured_outputs"])}
+    return SamplingParams(
+        **sampling,
+        logprobs=0,
+        include_stop_str_in_output=True,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+        skip_special_tokens=False,
+    )
+
+
 def engine_kwargs(s: EngineSettings, on_gpu: bool) -> dict[str, Any]:
     """``AsyncEngineArgs`` keyword arguments for ``s`` on a GPU (``on_gpu``) or CPU machine."""
     kwargs: dict[str, Any] = {
@@ -326,23 +347,10 @@ class VllmGenerator(GeneratorCounters, Generator):
         ``StructuredOutputsParams`` arguments, e.g. ``{"regex": ...}``). Log-probabilities of the
         sampled tokens are always returned, stop strings are kept in the output.
         """
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
         if self.engine is None:
             raise GeneratorError("generator not started")
         await self._wake(["weights", "kv_cache"])  # asleep (colocated): the learner is done with the device
-        if isinstance(sampling.get("structured_outputs"), dict):  # e.g. {"regex": ...} from a judge
-            from vllm.sampling_params import StructuredOutputsParams
-
-            sampling = {**sampling, "structured_outputs": StructuredOutputsParams(**sampling["structured_outputs"])}
-        params = SamplingParams(
-            **sampling,
-            logprobs=0,
-            include_stop_str_in_output=True,
-            output_kind=RequestOutputKind.FINAL_ONLY,
-            skip_special_tokens=False,
-        )
+        params = sampling_params(sampling)
         request_id = f"{self._prefix}{next(self._ids)}"
         version = self.version
         adapter = self.adapters.get(version)  # the newest adapter, for this whole request
