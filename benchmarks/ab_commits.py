@@ -155,6 +155,19 @@ def compare(runs: dict[str, list[dict[str, float]]], labels: tuple[str, str]) ->
     return lines
 
 
+def add_run_arguments(ap: argparse.ArgumentParser, *, out: str, timeout_s: float, key: str) -> None:
+    """The arguments of a script that runs commits' runs in worktrees (this one and
+    bisect_outcome.py): where runs and worktrees go, a run's time limit, reading finished runs
+    again, and the RESULTS.md block written."""
+    ap.add_argument("--out", default=out)
+    ap.add_argument("--worktrees", default="/tmp/agentrl-ab")
+    ap.add_argument("--timeout-s", type=float, default=timeout_s)
+    ap.add_argument("--reuse", action="store_true", help="read runs already finished under --out")
+    ap.add_argument("--write", action="store_true")
+    ap.add_argument("--key", default=key)
+    ap.add_argument("--section", default="Before and after, the same day")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("revs", nargs=2, metavar="REV", help="the two commits: before, after")
@@ -166,13 +179,7 @@ def main() -> None:
                          "what that commit did: e.g. placement.mode=\"separate\" against a commit before [placement])")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--samples-per-step", type=int, default=None, help="default: the recipe's learner.batch_size")
-    ap.add_argument("--out", default="/tmp/agentrl-ab/runs")
-    ap.add_argument("--worktrees", default="/tmp/agentrl-ab")
-    ap.add_argument("--timeout-s", type=float, default=3600)
-    ap.add_argument("--reuse", action="store_true", help="read runs already finished under --out")
-    ap.add_argument("--write", action="store_true")
-    ap.add_argument("--key", default="ab_commits")
-    ap.add_argument("--section", default="Before and after, the same day")
+    add_run_arguments(ap, out="/tmp/agentrl-ab/runs", timeout_s=3600, key="ab_commits")
     args = ap.parse_args()
     started = time.time()
     labels = tuple(args.labels)

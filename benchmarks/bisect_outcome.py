@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _measure import emit, run_header
-from ab_commits import ROOT, records, run_once, same_numbers, worktree
+from ab_commits import ROOT, add_run_arguments, records, run_once, same_numbers, worktree
 
 
 def first_parent_range(good: str, bad: str) -> list[str]:
@@ -142,13 +142,7 @@ def main() -> None:
     ap.add_argument("--atol", type=float, default=0.0,
                     help="largest loss difference still counted the same (0: bit for bit; float sums taken in another "
                          "order differ in the 8th digit)")
-    ap.add_argument("--out", default="/tmp/agentrl-bisect/runs")
-    ap.add_argument("--worktrees", default="/tmp/agentrl-ab")
-    ap.add_argument("--timeout-s", type=float, default=1800)
-    ap.add_argument("--reuse", action="store_true", help="read runs already finished under --out")
-    ap.add_argument("--write", action="store_true")
-    ap.add_argument("--key", default="bisect_outcome")
-    ap.add_argument("--section", default="Before and after, the same day")
+    add_run_arguments(ap, out="/tmp/agentrl-bisect/runs", timeout_s=1800, key="bisect_outcome")
     args = ap.parse_args()
     started = time.time()
     commits = first_parent_range(*args.revs)
