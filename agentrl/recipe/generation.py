@@ -66,7 +66,8 @@ class GeneratorConfig(Section):
     """Where a CPU engine's OpenMP threads run (``VLLM_CPU_OMP_THREADS_BIND``): ``auto`` (vLLM's
     choice: one thread per core but one, kept for the rest), ``all`` (every core the generator's
     process may use: colocated's default, the engine has the machine while it generates),
-    ``nobind``, or a core list like ``0-1`` or ``0,2`` (``|`` between tensor-parallel ranks)."""
+    ``nobind``, or a core list like ``0-1`` or ``0,2`` (``|`` between tensor-parallel ranks). It decides over a
+    ``VLLM_CPU_OMP_THREADS_BIND`` in the environment."""
     cpu_affinity: list[NonNegativeInt] | None = Field(None, min_length=1)
     """Pin each generator actor to these CPU cores (Linux CPU affinity: every thread of the actor's process,
     inherited by the processes it starts: vLLM's engine processes); None: not pinned. Gives generation and
