@@ -169,20 +169,20 @@ def omp_threads_bind(setting: str) -> str:
 
 
 @contextlib.contextmanager
-def environ_set(values: dict[str, str | None]) -> Iterator[None]:
-    """Set the environment variables of ``values`` (None: left as it is) for the ``with`` block,
-    then put back what was there (or remove what was not)."""
-    before = {name: os.environ.get(name) for name, value in values.items() if value is not None}
+def environ_set(name: str, value: str | None) -> Iterator[None]:
+    """Environment variable ``name`` set to ``value`` (None: left as it is) for the ``with``
+    block, then put back as it was (removed if it was not set)."""
+    before = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
     try:
-        for name in before:
-            os.environ[name] = str(values[name])
         yield
     finally:
-        for name, value in before.items():
-            if value is None:
+        if value is not None:
+            if before is None:
                 os.environ.pop(name, None)
             else:
-                os.environ[name] = value
+                os.environ[name] = before
 
 
 def sampling_params(sampling: dict[str, Any]) -> Any:
@@ -323,7 +323,7 @@ class VllmGenerator(GeneratorCounters, Generator):
         args = AsyncEngineArgs(**engine_kwargs(s, on_gpu))
         t0 = time.monotonic()
         try:
-            with environ_set({"VLLM_CPU_OMP_THREADS_BIND": bind}):
+            with environ_set("VLLM_CPU_OMP_THREADS_BIND", bind):
                 self.engine = AsyncLLM.from_engine_args(args)
         except (OSError, ValueError) as exc:
             raise ModelError(f"vLLM could not load model {s.model!r}: {exc}") from exc

@@ -95,15 +95,19 @@ class _FakeEngine:
 def test_the_setting_binds_the_engine_and_the_binding_leaves_no_trace_in_the_environment(monkeypatch) -> None:
     # a process that hosts an engine (a test session, an in-process run) starts later engines and
     # `agentrl train` subprocesses: what one engine was bound to must not become theirs
-    from vllm.v1.engine.async_llm import AsyncLLM
+    import sys
+    import types
 
     seen: list[str | None] = []
 
-    def fake_start(args):
-        seen.append(os.environ.get("VLLM_CPU_OMP_THREADS_BIND"))
-        return _FakeEngine()
+    class FakeAsyncLLM:  # vLLM's front end, as far as start() uses it (no vLLM import in the quick tier)
+        @staticmethod
+        def from_engine_args(args):
+            seen.append(os.environ.get("VLLM_CPU_OMP_THREADS_BIND"))
+            return _FakeEngine()
 
-    monkeypatch.setattr(AsyncLLM, "from_engine_args", staticmethod(fake_start))
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(AsyncEngineArgs=lambda **kwargs: kwargs))
+    monkeypatch.setitem(sys.modules, "vllm.v1.engine.async_llm", types.SimpleNamespace(AsyncLLM=FakeAsyncLLM))
     monkeypatch.setattr(gen_mod.os, "sched_getaffinity", lambda pid: {0, 3})
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     info = asyncio.run(VllmGenerator(EngineSettings(model="unused", cpu_threads_bind="all")).start())
