@@ -187,7 +187,9 @@ class WarmWorker:
         Raises:
             SandboxError: the worker is dead or answered nonsense.
         """
-        if self.ctl is None or self.dead:
+        if self.ctl is None or not self.alive():
+            # Its container's process has exited: the server inside may linger a moment (it dies
+            # with its parent, asynchronously) and could still hand out a tree about to be killed.
             raise SandboxError("bubblewrap sandbox: the warm worker is gone")
         try:
             self.ctl.send(frame({"op": "take", "kind": kind}))

@@ -1,5 +1,7 @@
 """Metric sinks: TensorBoard scalars and a real (offline) Weights & Biases run."""
 
+import time
+
 import pytest
 
 from agentrl.engine.metric_sinks import numeric_fields
@@ -40,7 +42,12 @@ def test_wandb_offline_run(tmp_path, monkeypatch) -> None:
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, list((tmp_path / "wandb").iterdir())
     (data_file,) = runs[0].glob("run-*.wandb")  # the run's records, for `wandb sync`
-    data = data_file.read_bytes()  # protobuf records: keys and JSON values are stored verbatim
+    # `finish` only informs W&B's service process that the run ended; the service writes out and
+    # closes the run's file after that, on its own time (seen in CI: the header alone, just after).
+    deadline = time.monotonic() + 60
+    while b"step/reward_mean" not in (data := data_file.read_bytes()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    # protobuf records: keys and JSON values are stored verbatim
     for key in (b"step/reward_mean", b"step/step", b"sft/sft_loss", b"sft/step", b"agentrl-test"):
         assert key in data, key
     assert b"0.75" in data and b"staleness_hist" not in data  # numbers only
