@@ -43,6 +43,18 @@ def test_engine_settings_pass_tensor_parallelism_and_limits_through():
     assert wiring.engine_settings(recipe(), model="/m", tokenizer=None).extra == {}
 
 
+def test_the_cpu_engine_processes_reach_the_engine_and_one_process_holds_one_worker():
+    import pytest
+
+    assert wiring.engine_settings(recipe(), model="/m", tokenizer=None).cpu_engine_processes == 2  # vLLM's default
+    one = recipe(generator={"cpu_engine_processes": 1})
+    assert wiring.engine_settings(one, model="/m", tokenizer=None).cpu_engine_processes == 1
+    with pytest.raises(Exception, match="cpu_engine_processes = 1 holds one model worker"):
+        recipe(generator={"cpu_engine_processes": 1, "tensor_parallel_size": 2, "num_gpus": 2})
+    with pytest.raises(Exception, match="cpu_engine_processes"):
+        recipe(generator={"cpu_engine_processes": 3})
+
+
 def test_worker_kwargs_bound_episodes_by_the_model_length(tmp_path):
     r = recipe(rollout={"max_episode_tokens": 4096}, generator={"max_model_len": 1024}, sandbox={"type": "bubblewrap", "preload": ["math"]})
     w = wiring.worker_kwargs(r, tokenizer="/t", run_dir=tmp_path)

@@ -26,7 +26,7 @@ from agentrl.engine.common.interfaces import Generation, Generator
 from agentrl.engine.common.cluster import current_node_id
 from agentrl.engine.common.devices import resolve_device
 from agentrl.engine.generation.freeze import engine_processes, freeze, start_sentinel, thaw
-from agentrl.engine.generation.vllm_worker import RETIE_METHOD, WORKER_EXTENSION
+from agentrl.engine.generation.vllm_worker import RETIE_METHOD, THREADS_METHOD, WORKER_EXTENSION
 from agentrl.errors import GeneratorError, ModelError
 
 __all__ = ["BusyClock", "CPU_BLOCK_SIZE", "EngineSettings", "GeneratorCounters", "VllmGenerator", "engine_kwargs", "versions_from_spans"]
@@ -60,6 +60,12 @@ class EngineSettings:
     """Where a CPU engine's OpenMP threads run: a ``VLLM_CPU_OMP_THREADS_BIND`` value, or ``all`` (every
     core of this process's affinity, :func:`omp_threads_bind`). It decides over the variable in the
     environment, which the engine is started with for its start only."""
+    cpu_engine_processes: int = 2
+    """Processes a CPU engine runs in besides its caller's: 2 (vLLM's CPU default: an engine-core
+    process and a model-worker process) or 1 (the model worker inside the engine core: one
+    process start and one torch and vLLM import fewer; its OpenMP threads are set up from
+    ``cpu_threads_bind`` as vLLM sets up its own worker's, :func:`one_process_openmp_env`).
+    Ignored on GPUs."""
     seed: int = 0
     """Engine seed."""
     weight_transfer: str | None = None
@@ -168,21 +174,52 @@ def omp_threads_bind(setting: str) -> str:
     return ",".join(str(core) for core in sorted(os.sched_getaffinity(0)))
 
 
+def _core_list(text: str) -> list[int]:
+    """The cores of a core list like ``0-2,5`` (``[0, 1, 2, 5]``)."""
+    cores: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cores.extend(range(int(first), int(last or first) + 1))
+    return cores
+
+
+def one_process_openmp_env(bind: str) -> dict[str, str]:
+    """The OpenMP environment of a one-process CPU engine (``cpu_engine_processes = 1``), whose
+    model worker runs in the engine-core process, for ``bind`` (a ``VLLM_CPU_OMP_THREADS_BIND``
+    value, :func:`omp_threads_bind`): what vLLM's multiprocess executor gives its own worker
+    process. ``OMP_NUM_THREADS`` threads (as many as the bound cores; ``nobind``: every core of
+    this process's affinity, unbound) placed on those cores (``OMP_PLACES``, ``OMP_PROC_BIND``);
+    ``auto``: every core of the affinity but the first, which vLLM keeps for the rest (all of
+    them when there is one). Without it vLLM leaves an in-process worker one torch thread.
+
+    Raises:
+        GeneratorError: ``bind`` names cores for several tensor-parallel ranks (``|``): one
+            process holds one worker.
+    """
+    if "|" in bind:
+        raise GeneratorError(f"generator.cpu_threads_bind = {bind!r} binds several tensor-parallel workers: "
+                             "a one-process engine (cpu_engine_processes = 1) has one")
+    affinity = sorted(os.sched_getaffinity(0))
+    if bind == "nobind":
+        return {"OMP_NUM_THREADS": str(len(affinity))}
+    cores = (affinity[1:] or affinity) if bind == "auto" else _core_list(bind)
+    return {"OMP_NUM_THREADS": str(len(cores)), "OMP_PLACES": "{" + ",".join(map(str, cores)) + "}", "OMP_PROC_BIND": "true"}
+
+
 @contextlib.contextmanager
-def environ_set(name: str, value: str | None) -> Iterator[None]:
-    """Environment variable ``name`` set to ``value`` (None: left as it is) for the ``with``
-    block, then put back as it was (removed if it was not set)."""
-    before = os.environ.get(name)
-    if value is not None:
-        os.environ[name] = value
+def environ_set(values: dict[str, str | None]) -> Iterator[None]:
+    """Each environment variable of ``values`` set to its value (None: left as it is) for the
+    ``with`` block, then put back as it was (removed if it was not set)."""
+    before = {name: os.environ.get(name) for name, value in values.items() if value is not None}
+    os.environ.update({name: value for name, value in values.items() if value is not None})
     try:
         yield
     finally:
-        if value is not None:
-            if before is None:
+        for name, old in before.items():
+            if old is None:
                 os.environ.pop(name, None)
             else:
-                os.environ[name] = before
+                os.environ[name] = old
 
 
 def sampling_params(sampling: dict[str, Any]) -> Any:
@@ -293,7 +330,9 @@ class VllmGenerator(GeneratorCounters, Generator):
     async def start(self) -> dict[str, Any]:
         """Create the engine (tens of seconds on CPU). Returns facts about it: ``startup_s``,
         ``device``, ``pid``, ``node_id`` (on Ray) and on CPU ``cpu_threads_bind``, the
-        ``VLLM_CPU_OMP_THREADS_BIND`` its OpenMP threads were bound by."""
+        ``VLLM_CPU_OMP_THREADS_BIND`` its OpenMP threads were bound by, ``cpu_engine_processes``
+        (1 or 2, :attr:`EngineSettings.cpu_engine_processes`) and ``torch_threads``, the threads
+        its model worker computes with."""
         s = self.settings
         try:
             from vllm import AsyncEngineArgs
@@ -320,10 +359,17 @@ class VllmGenerator(GeneratorCounters, Generator):
             # the workers decode the learner's pickled CUDA IPC handles (ipc_handles_pickled);
             # the engine's processes inherit this from the actor's environment
             os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-        args = AsyncEngineArgs(**engine_kwargs(s, on_gpu))
+        kwargs = engine_kwargs(s, on_gpu)
+        env: dict[str, str | None] = {"VLLM_CPU_OMP_THREADS_BIND": bind}
+        one_process = bind is not None and s.cpu_engine_processes == 1
+        if one_process:
+            # the engine-core process runs the worker (the uni executor) and reads the rest when it starts
+            kwargs["distributed_executor_backend"] = "uni"
+            env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **one_process_openmp_env(bind)})
+        args = AsyncEngineArgs(**kwargs)
         t0 = time.monotonic()
         try:
-            with environ_set("VLLM_CPU_OMP_THREADS_BIND", bind):
+            with environ_set(env):
                 self.engine = AsyncLLM.from_engine_args(args)
         except (OSError, ValueError) as exc:
             raise ModelError(f"vLLM could not load model {s.model!r}: {exc}") from exc
@@ -332,8 +378,10 @@ class VllmGenerator(GeneratorCounters, Generator):
         await self.engine.update_weight_version(str(self.version))
         self._tied = bool(getattr(self.engine.model_config.hf_text_config, "tie_word_embeddings", False))
         info: dict[str, Any] = {"startup_s": time.monotonic() - t0, "device": "cuda" if on_gpu else "cpu", "pid": os.getpid()}
-        if bind is not None:  # what the engine's OpenMP threads were bound to
+        if bind is not None:  # what the engine's OpenMP threads were bound to, in how many processes
             info["cpu_threads_bind"] = bind
+            info["cpu_engine_processes"] = 1 if one_process else 2
+            info["torch_threads"] = (await self._bounded(self.engine.collective_rpc(THREADS_METHOD), "asking the worker its threads"))[0]
         node = current_node_id()
         if node is not None:
             info["node_id"] = node

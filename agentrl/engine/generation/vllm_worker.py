@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-__all__ = ["WORKER_EXTENSION", "RETIE_METHOD", "RotaryCacheReloadFilter", "WorkerExtension"]
+__all__ = ["WORKER_EXTENSION", "RETIE_METHOD", "THREADS_METHOD", "RotaryCacheReloadFilter", "WorkerExtension"]
 
 
 class RotaryCacheReloadFilter(logging.Filter):
@@ -46,6 +46,8 @@ server)."""
 
 RETIE_METHOD = "agentrl_retie_output_embeddings"
 """The ``collective_rpc`` method name of :meth:`WorkerExtension.agentrl_retie_output_embeddings`."""
+THREADS_METHOD = "agentrl_compute_threads"
+"""The ``collective_rpc`` method name of :meth:`WorkerExtension.agentrl_compute_threads`."""
 
 
 class WorkerExtension:
@@ -68,3 +70,9 @@ class WorkerExtension:
         if method is not None and hasattr(method, "process_weights_after_loading"):
             method.process_weights_after_loading(lm_head)
         return True
+
+    def agentrl_compute_threads(self) -> int:
+        """The torch threads this worker computes with (on CPU, what its OpenMP set-up gave it)."""
+        import torch
+
+        return torch.get_num_threads()

@@ -3,6 +3,8 @@
 import asyncio
 import os
 
+import pytest
+
 from agentrl.engine.generation import generator as gen_mod
 from agentrl.engine.generation.generator import EngineSettings, VllmGenerator, versions_from_spans
 
@@ -91,6 +93,10 @@ class _FakeEngine:
     async def update_weight_version(self, version: str) -> None:
         pass
 
+    async def collective_rpc(self, method: str) -> list[int]:
+        assert method == "agentrl_compute_threads", method
+        return [3]  # one answer per worker
+
 
 def test_the_setting_binds_the_engine_and_the_binding_leaves_no_trace_in_the_environment(monkeypatch) -> None:
     # a process that hosts an engine (a test session, an in-process run) starts later engines and
@@ -118,3 +124,49 @@ def test_the_setting_binds_the_engine_and_the_binding_leaves_no_trace_in_the_env
     info = asyncio.run(VllmGenerator(EngineSettings(model="unused", cpu_threads_bind="auto")).start())
     assert seen[-1] == "auto" and info["cpu_threads_bind"] == "auto"
     assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+
+
+def test_a_one_process_engine_gets_the_uni_executor_and_vllms_worker_openmp_setup_for_its_start_only(monkeypatch) -> None:
+    import sys
+    import types
+
+    seen: list[tuple[dict, dict]] = []
+    names = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND")
+
+    class FakeAsyncLLM:
+        @staticmethod
+        def from_engine_args(args):
+            seen.append((args, {k: os.environ.get(k) for k in names}))
+            return _FakeEngine()
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(AsyncEngineArgs=lambda **kwargs: kwargs))
+    monkeypatch.setitem(sys.modules, "vllm.v1.engine.async_llm", types.SimpleNamespace(AsyncLLM=FakeAsyncLLM))
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")  # a user's export: put back after the start
+    info = asyncio.run(VllmGenerator(EngineSettings(model="unused", cpu_threads_bind="0-2", cpu_engine_processes=1)).start())
+    args, env = seen[-1]
+    assert args["distributed_executor_backend"] == "uni" and info["cpu_engine_processes"] == 1 and info["torch_threads"] == 3
+    assert env == {"VLLM_CPU_OMP_THREADS_BIND": "0-2", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "3",
+                   "OMP_PLACES": "{0,1,2}", "OMP_PROC_BIND": "true"}
+    assert os.environ["OMP_NUM_THREADS"] == "7" and not any(k in os.environ for k in names if k != "OMP_NUM_THREADS")
+    # the default: vLLM's two processes, nothing of the above
+    info = asyncio.run(VllmGenerator(EngineSettings(model="unused", cpu_threads_bind="0-2")).start())
+    args, env = seen[-1]
+    assert "distributed_executor_backend" not in args and info["cpu_engine_processes"] == 2
+    assert env == {"VLLM_CPU_OMP_THREADS_BIND": "0-2", "VLLM_ENABLE_V1_MULTIPROCESSING": None, "OMP_NUM_THREADS": "7",
+                   "OMP_PLACES": None, "OMP_PROC_BIND": None}
+
+
+def test_a_one_process_engines_openmp_threads_follow_the_binding(monkeypatch) -> None:
+    from agentrl.errors import GeneratorError
+
+    monkeypatch.setattr(gen_mod.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert gen_mod.one_process_openmp_env("1,3") == {"OMP_NUM_THREADS": "2", "OMP_PLACES": "{1,3}", "OMP_PROC_BIND": "true"}
+    assert gen_mod.one_process_openmp_env("0-1,3")["OMP_PLACES"] == "{0,1,3}"
+    assert gen_mod.one_process_openmp_env("auto") == {"OMP_NUM_THREADS": "3", "OMP_PLACES": "{1,2,3}", "OMP_PROC_BIND": "true"}
+    assert gen_mod.one_process_openmp_env("nobind") == {"OMP_NUM_THREADS": "4"}
+    with pytest.raises(GeneratorError, match="several tensor-parallel"):
+        gen_mod.one_process_openmp_env("0-1|2-3")
+    monkeypatch.setattr(gen_mod.os, "sched_getaffinity", lambda pid: {5})
+    assert gen_mod.one_process_openmp_env("auto")["OMP_PLACES"] == "{5}"  # one core: it is the engine's
