@@ -3,9 +3,10 @@ CPU default) against the worker inside the engine-core process.
 
 On CPU, vLLM's ``AsyncLLM`` spawns an engine-core process, which spawns the model worker (the
 multiprocess executor the CPU platform forces): each imports torch and vLLM, and each spawn is
-seconds of start-up on a small machine. ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` with
-``distributed_executor_backend="uni"`` runs the worker inside the engine-core process: one process
-and one import fewer. This measures what that gains and costs, on one model:
+seconds of start-up on a small machine. ``generator.cpu_engine_processes = 1`` runs the worker
+inside the engine-core process (vLLM's uni executor, its OpenMP threads set up from the binding):
+one process and one import fewer. This measures what that gains and costs, on one model, both arms
+bound alike (``--bind``, a ``generator.cpu_threads_bind`` value):
 
 - ``ready_s``: from the Python process's start to the engine's first answer (imports included);
 - ``engine_s``: ``AsyncLLM`` construction alone (what the generator reports as ``startup_s``);
@@ -25,24 +26,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ARMS = {"two processes": {}, "one process": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
-"""The arms: the environment each arm's process gets (one process also sets the uni executor)."""
+ARMS = {"two processes": 2, "one process": 1}
+"""The arms: ``generator.cpu_engine_processes`` of each."""
 
 
-async def _measure(model: str, one_process: bool, requests: int, max_tokens: int, rounds: int) -> dict[str, float]:
+async def _measure(model: str, processes: int, bind: str, requests: int, max_tokens: int, rounds: int) -> dict[str, float]:
     """One engine's figures (see the module docstring), in this process."""
     from agentrl.engine.generation.freeze import engine_processes
     from agentrl.engine.generation.generator import EngineSettings, VllmGenerator
 
-    extra = {"distributed_executor_backend": "uni"} if one_process else {}
-    g = VllmGenerator(EngineSettings(model=model, extra=extra))
+    g = VllmGenerator(EngineSettings(model=model, cpu_threads_bind=bind, cpu_engine_processes=processes))
     info = await g.start()
     await g.generate([1, 2, 3, 4], {"max_tokens": 4, "temperature": 1.0})
     ready = time.monotonic() - T0
@@ -56,7 +55,8 @@ async def _measure(model: str, one_process: bool, requests: int, max_tokens: int
             for i in range(requests)])
         rates.append(sum(len(o.token_ids) for o in outs) / (time.monotonic() - t))
     await g.shutdown()
-    return {"ready_s": ready, "engine_s": info["startup_s"], "tok_s": statistics.median(rates[1:] or rates), "processes": processes}
+    return {"ready_s": ready, "engine_s": info["startup_s"], "tok_s": statistics.median(rates[1:] or rates), "processes": processes,
+            "torch_threads": info["torch_threads"]}
 
 
 def _leftovers() -> list[str]:
@@ -72,13 +72,14 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--bind", default="all", help="generator.cpu_threads_bind of both arms")
     ap.add_argument("--write", action="store_true")
     ap.add_argument("--key", default="engine_startup")
     ap.add_argument("--section", default="Engine start-up")
     ap.add_argument("--one", choices=list(ARMS), help=argparse.SUPPRESS)  # a child: measure one arm, print JSON
     args = ap.parse_args()
     if args.one is not None:
-        figures = asyncio.run(_measure(args.model, args.one == "one process", args.requests, args.max_tokens, args.rounds))
+        figures = asyncio.run(_measure(args.model, ARMS[args.one], args.bind, args.requests, args.max_tokens, args.rounds))
         print("RESULT " + json.dumps(figures), flush=True)
         return
     started = time.time()
@@ -86,10 +87,10 @@ def main() -> None:
         raise SystemExit(f"vLLM engine processes are already running (they would slow every arm): {_leftovers()}")
     runs: dict[str, list[dict[str, float]]] = {arm: [] for arm in ARMS}
     for rep in range(args.repeats):
-        for arm, env in ARMS.items():
+        for arm in ARMS:
             cmd = [sys.executable, __file__, "--one", arm, "--model", args.model, "--requests", str(args.requests),
-                   "--max-tokens", str(args.max_tokens), "--rounds", str(args.rounds)]
-            proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=900)
+                   "--max-tokens", str(args.max_tokens), "--rounds", str(args.rounds), "--bind", args.bind]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
             line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
             if proc.returncode or line is None:
                 raise SystemExit(f"{arm} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -107,12 +108,12 @@ def main() -> None:
 
     lines = [
         run_header(started), "",
-        f"`{args.model}`, float32; {args.repeats} repeats per arm, interleaved, each in a fresh process; decode: "
+        f"`{args.model}`, float32, `cpu_threads_bind = \"{args.bind}\"`; {args.repeats} repeats per arm, interleaved, each in a fresh process; decode: "
         f"{args.requests} concurrent requests x {args.max_tokens} tokens, median of {args.rounds - 1} rounds after a warm-up round.", "",
         f"| | {a} (vLLM's CPU default) | {b} (worker in the engine core) | {b} / {a} |", "| --- | ---: | ---: | ---: |",
     ]
     for key, label in (("ready_s", "process start to first answer, s"), ("engine_s", "engine construction, s"),
-                       ("tok_s", "decode, tokens/s"), ("processes", "engine processes")):
+                       ("tok_s", "decode, tokens/s"), ("processes", "engine processes"), ("torch_threads", "worker's torch threads")):
         lines.append(f"| {label} | {med[a][key]:.1f} | {med[b][key]:.1f} | {med[b][key] / med[a][key]:.2f}x |")
     lines += ["", f"decode, {b} over {a}, per repeat: " + ", ".join(f"{p:.2f}x" for p in paired)]
     emit("\n".join(lines), args.key, args.write, section=args.section)
