@@ -155,7 +155,7 @@ class FakeRun:
 
         from agentrl.engine.loop.batching import BatchSettings, no_signal_reason
         from agentrl.engine.generation.fleet import GeneratorFleet
-        from agentrl.engine.generation.generator import EngineSettings
+        from agentrl.engine.generation.engine_config import EngineSettings
         from agentrl.engine.training.learner_group import LearnerGroup
         from agentrl.engine.loop.loop import LoopSettings
         from agentrl.engine.metrics import MetricsLogger

@@ -17,7 +17,7 @@ from agentrl.engine.common.sampling import Sampling
 from agentrl.engine.episodes.runner import EpisodeSettings
 from agentrl.engine.loop.batching import BatchSettings, no_signal_reason
 from agentrl.engine.loop.critic_stage import GaeSettings
-from agentrl.engine.generation.generator import EngineSettings
+from agentrl.engine.generation.engine_config import EngineSettings
 from agentrl.engine.loop.loop import LoopSettings
 from agentrl.engine.rewards.scoring_bundle import ScoringSettings
 from agentrl.engine.training.lora import LoraSettings, vllm_max_lora_rank

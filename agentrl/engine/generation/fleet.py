@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agentrl.engine.common.replacement import EventLog, Replacements, how_dead, tell_workers
-from agentrl.engine.generation.generator import EngineSettings
+from agentrl.engine.generation.engine_config import EngineSettings
 from agentrl.engine.common.waits import timed
 from agentrl.errors import GeneratorError
 
