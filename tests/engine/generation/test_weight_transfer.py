@@ -56,7 +56,10 @@ def test_broadcast_loads_the_version_into_vllm(tiny_calc_model) -> None:
     from agentrl.errors import GeneratorError
 
     async def main() -> None:
-        g = VllmGenerator(EngineSettings(model=str(tiny_calc_model), max_model_len=512, kv_cache_gib=0.1, weight_transfer="gloo"), timeout_s=60)
+        # the worker in the engine core (cpu_engine_processes = 1): the collective reaches it there as in a
+        # worker process of its own (the default, with gloo: tests/e2e/test_train_e2e.py), and it starts sooner
+        g = VllmGenerator(EngineSettings(model=str(tiny_calc_model), max_model_len=512, kv_cache_gib=0.1, weight_transfer="gloo",
+                                         cpu_engine_processes=1), timeout_s=60)
         await g.start()
         try:
             client = LocalGeneratorClient(g, asyncio.get_running_loop(), 120.0)
