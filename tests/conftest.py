@@ -80,14 +80,16 @@ def xdist_group_of(item: pytest.Item) -> str | None:
     return None
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    grouped = config.pluginmanager.hasplugin("xdist") and bool(getattr(config.option, "numprocesses", None))
-    for item in items:
-        if _E2E_DIR in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.e2e)
-        group = xdist_group_of(item) if grouped else None
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # Marked as each test is collected: xdist's worker reads the groups into the test ids in its
+    # own pytest_collection_modifyitems, which runs before a conftest's (groups added there were
+    # never seen, and the groups' tests went to both workers). `loadgroup` is set for
+    # `--dist loadgroup`, on xdist's workers too.
+    if _E2E_DIR in Path(str(item.fspath)).parents:
+        item.add_marker(pytest.mark.e2e)
+    group = xdist_group_of(item) if getattr(item.config.option, "loadgroup", False) else None
+    if group is not None:
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)
