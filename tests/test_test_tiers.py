@@ -70,3 +70,27 @@ def test_the_whole_suites_two_parts_run_every_test_once_and_only_light_ones_in_p
         assert in_parallel != in_serial, env  # exactly one part
         if env["vllm"] or env["e2e"]:
             assert in_serial, env
+
+
+def test_the_groups_reach_xdist_and_one_worker_runs_each(tmp_path: Path) -> None:
+    # pytest 9.2 silently dropped xdist's group suffix (pytest-dev/pytest-xdist#1386), and groups
+    # added in a conftest's modifyitems came after xdist had read them: in both cases each group's
+    # tests were dealt to both workers, and the tests did not fail
+    import subprocess
+    import sys
+
+    (tmp_path / "test_grouped.py").write_text(
+        "import pytest\n\n"
+        + "".join(f"@pytest.mark.ray\ndef test_ray_{i}():\n    pass\n\n\n" for i in range(4))
+        + "".join(f"def test_plain_{i}():\n    pass\n\n\n" for i in range(4))
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", str(tmp_path / "test_grouped.py"), "-p", "tests.conftest", "-n", "2", "--dist",
+         "loadgroup", "-v", "-p", "no:cacheprovider", "--rootdir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    ran = [line.split() for line in proc.stdout.splitlines() if line.startswith("[gw") and "PASSED" in line]
+    workers = {words[0] for words in ran if "::test_ray_" in words[-1]}
+    assert len([w for w in ran if "::test_ray_" in w[-1]]) == 4 and len(workers) == 1, proc.stdout[-3000:]
+    assert all(words[-1].endswith("@ray") for words in ran if "::test_ray_" in words[-1]), proc.stdout[-3000:]
