@@ -3,6 +3,12 @@
 import time
 
 import pytest
+import wandb  # noqa: F401  imported at collection, while this process has one thread: see below
+
+# wandb's import parses class sources (pydantic's field docstrings, ast.parse). CPython 3.11 keeps
+# the AST constructor's recursion counter per interpreter, so a parse while another thread parses
+# can fail with "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905):
+# seen once in the parallel tier, importing wandb inside the test after other tests' threads.
 
 from agentrl.engine.metric_sinks import numeric_fields
 from agentrl.engine.metrics import MetricsLogger
