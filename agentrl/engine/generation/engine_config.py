@@ -1,7 +1,7 @@
 """How agentrl configures a vLLM engine: its settings (:class:`EngineSettings`), the engine
 arguments they make on a GPU or CPU machine (:func:`engine_kwargs`), and the environment its
 processes start with on CPU (OpenMP threads and their binding, one process or two:
-:func:`omp_threads_bind`, :func:`one_process_openmp_env`, :func:`environ_set`).
+:func:`engine_environ`, :func:`environ_set`).
 :class:`~agentrl.engine.generation.generator.VllmGenerator` starts the engine with them."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Iterator
 from agentrl.engine.generation.vllm_worker import WORKER_EXTENSION
 from agentrl.errors import GeneratorError
 
-__all__ = ["CPU_BLOCK_SIZE", "EngineSettings", "engine_kwargs", "environ_set", "omp_threads_bind", "one_process_openmp_env"]
+__all__ = ["CPU_BLOCK_SIZE", "EngineSettings", "engine_environ", "engine_kwargs", "environ_set", "omp_threads_bind", "one_process_openmp_env"]
 
 
 @dataclass
@@ -106,7 +106,8 @@ def one_process_openmp_env(bind: str) -> dict[str, str]:
     process. ``OMP_NUM_THREADS`` threads (as many as the bound cores; ``nobind``: every core of
     this process's affinity, unbound) placed on those cores (``OMP_PLACES``, ``OMP_PROC_BIND``);
     ``auto``: every core of the affinity but the first, which vLLM keeps for the rest (all of
-    them when there is one). Without it vLLM leaves an in-process worker one torch thread.
+    them when there is one). Without it the in-process worker computes on every core of the
+    process whatever the binding says (vLLM sets no binding for it).
 
     Raises:
         GeneratorError: ``bind`` names cores for several tensor-parallel ranks (``|``): one
@@ -138,6 +139,20 @@ def environ_set(values: dict[str, str | None]) -> Iterator[None]:
                 os.environ[name] = old
 
 
+def engine_environ(s: EngineSettings, on_gpu: bool) -> dict[str, str | None]:
+    """The environment the engine's processes start with (for :func:`environ_set` around the
+    engine's start; None: left as it is). On CPU: ``VLLM_CPU_OMP_THREADS_BIND`` from
+    ``cpu_threads_bind`` and, for a one-process engine, the uni executor's switch and its worker's
+    OpenMP set-up (:func:`one_process_openmp_env`). Nothing on GPUs."""
+    if on_gpu:
+        return {}
+    bind = omp_threads_bind(s.cpu_threads_bind)
+    env: dict[str, str | None] = {"VLLM_CPU_OMP_THREADS_BIND": bind}
+    if s.cpu_engine_processes == 1:
+        env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **one_process_openmp_env(bind)})
+    return env
+
+
 def engine_kwargs(s: EngineSettings, on_gpu: bool) -> dict[str, Any]:
     """``AsyncEngineArgs`` keyword arguments for ``s`` on a GPU (``on_gpu``) or CPU machine."""
     kwargs: dict[str, Any] = {
@@ -163,6 +178,8 @@ def engine_kwargs(s: EngineSettings, on_gpu: bool) -> dict[str, Any]:
         kwargs["enable_chunked_prefill"] = False
         kwargs["max_num_batched_tokens"] = max(s.max_model_len, 4096)
         kwargs.setdefault("block_size", CPU_BLOCK_SIZE)
+        if s.cpu_engine_processes == 1:  # the worker inside the engine core (engine_environ)
+            kwargs["distributed_executor_backend"] = "uni"
     if s.weight_transfer is not None:
         kwargs["weight_transfer_config"] = {"backend": s.weight_transfer}
     if s.sleep_mode and on_gpu:

@@ -27,10 +27,9 @@ from agentrl.engine.generation.freeze import engine_processes, freeze, start_sen
 from agentrl.engine.generation.engine_config import (
     CPU_BLOCK_SIZE,
     EngineSettings,
+    engine_environ,
     engine_kwargs,
     environ_set,
-    omp_threads_bind,
-    one_process_openmp_env,
 )
 from agentrl.engine.generation.vllm_worker import RETIE_METHOD, THREADS_METHOD
 from agentrl.errors import GeneratorError, ModelError
@@ -192,9 +191,6 @@ class VllmGenerator(GeneratorCounters, Generator):
             raise GeneratorError(f"vLLM engine for {s.model!r} has no GPU to run on: {device.reason}; vLLM's CUDA "
                                  "build cannot run on the CPU of a GPU node: give this engine num_gpus >= 1")
         self._on_gpu = on_gpu = device.on_gpu
-        # the engine's processes read the binding from the environment when they start: it is set
-        # for the start only, so that it reaches no later engine or subprocess of this process
-        bind = None if on_gpu else omp_threads_bind(s.cpu_threads_bind)
         if s.weight_transfer is not None:
             from agentrl.engine.generation.weight_transfer import register
 
@@ -205,14 +201,11 @@ class VllmGenerator(GeneratorCounters, Generator):
             # the workers decode the learner's pickled CUDA IPC handles (ipc_handles_pickled);
             # the engine's processes inherit this from the actor's environment
             os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-        kwargs = engine_kwargs(s, on_gpu)
-        env: dict[str, str | None] = {"VLLM_CPU_OMP_THREADS_BIND": bind}
-        one_process = bind is not None and s.cpu_engine_processes == 1
-        if one_process:
-            # the engine-core process runs the worker (the uni executor) and reads the rest when it starts
-            kwargs["distributed_executor_backend"] = "uni"
-            env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **one_process_openmp_env(bind)})
-        args = AsyncEngineArgs(**kwargs)
+        # the engine's processes read the binding (and a one-process engine's set-up) from the
+        # environment when they start: it is set for the start only, so that it reaches no later
+        # engine or subprocess of this process
+        env = engine_environ(s, on_gpu)
+        args = AsyncEngineArgs(**engine_kwargs(s, on_gpu))
         t0 = time.monotonic()
         try:
             with environ_set(env):
@@ -224,9 +217,9 @@ class VllmGenerator(GeneratorCounters, Generator):
         await self.engine.update_weight_version(str(self.version))
         self._tied = bool(getattr(self.engine.model_config.hf_text_config, "tie_word_embeddings", False))
         info: dict[str, Any] = {"startup_s": time.monotonic() - t0, "device": "cuda" if on_gpu else "cpu", "pid": os.getpid()}
-        if bind is not None:  # what the engine's OpenMP threads were bound to, in how many processes
-            info["cpu_threads_bind"] = bind
-            info["cpu_engine_processes"] = 1 if one_process else 2
+        if not on_gpu:  # what the engine's OpenMP threads were bound to, in how many processes
+            info["cpu_threads_bind"] = env["VLLM_CPU_OMP_THREADS_BIND"]
+            info["cpu_engine_processes"] = s.cpu_engine_processes
             info["torch_threads"] = (await self._bounded(self.engine.collective_rpc(THREADS_METHOD), "asking the worker its threads"))[0]
         node = current_node_id()
         if node is not None:

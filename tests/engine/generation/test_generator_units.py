@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from agentrl.engine.generation import engine_config
 from agentrl.engine.generation import generator as gen_mod
 from agentrl.engine.generation.generator import EngineSettings, VllmGenerator, versions_from_spans
 
@@ -79,8 +80,8 @@ def test_all_binds_vllms_openmp_threads_to_every_core_the_process_may_use(monkey
     # vLLM reads "auto", "nobind" or a core list: "all" (colocated's default on CPUs) becomes the
     # process's affinity, so an engine placed on cores 2 and 5 binds there and nowhere else
     monkeypatch.setattr(gen_mod.os, "sched_getaffinity", lambda pid: {5, 2})
-    assert gen_mod.omp_threads_bind("all") == "2,5"
-    assert [gen_mod.omp_threads_bind(v) for v in ("auto", "nobind", "0-1")] == ["auto", "nobind", "0-1"]
+    assert engine_config.omp_threads_bind("all") == "2,5"
+    assert [engine_config.omp_threads_bind(v) for v in ("auto", "nobind", "0-1")] == ["auto", "nobind", "0-1"]
 
 
 class _FakeEngine:
@@ -162,11 +163,11 @@ def test_a_one_process_engines_openmp_threads_follow_the_binding(monkeypatch) ->
     from agentrl.errors import GeneratorError
 
     monkeypatch.setattr(gen_mod.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    assert gen_mod.one_process_openmp_env("1,3") == {"OMP_NUM_THREADS": "2", "OMP_PLACES": "{1,3}", "OMP_PROC_BIND": "true"}
-    assert gen_mod.one_process_openmp_env("0-1,3")["OMP_PLACES"] == "{0,1,3}"
-    assert gen_mod.one_process_openmp_env("auto") == {"OMP_NUM_THREADS": "3", "OMP_PLACES": "{1,2,3}", "OMP_PROC_BIND": "true"}
-    assert gen_mod.one_process_openmp_env("nobind") == {"OMP_NUM_THREADS": "4"}
+    assert engine_config.one_process_openmp_env("1,3") == {"OMP_NUM_THREADS": "2", "OMP_PLACES": "{1,3}", "OMP_PROC_BIND": "true"}
+    assert engine_config.one_process_openmp_env("0-1,3")["OMP_PLACES"] == "{0,1,3}"
+    assert engine_config.one_process_openmp_env("auto") == {"OMP_NUM_THREADS": "3", "OMP_PLACES": "{1,2,3}", "OMP_PROC_BIND": "true"}
+    assert engine_config.one_process_openmp_env("nobind") == {"OMP_NUM_THREADS": "4"}
     with pytest.raises(GeneratorError, match="several tensor-parallel"):
-        gen_mod.one_process_openmp_env("0-1|2-3")
+        engine_config.one_process_openmp_env("0-1|2-3")
     monkeypatch.setattr(gen_mod.os, "sched_getaffinity", lambda pid: {5})
-    assert gen_mod.one_process_openmp_env("auto")["OMP_PLACES"] == "{5}"  # one core: it is the engine's
+    assert engine_config.one_process_openmp_env("auto")["OMP_PLACES"] == "{5}"  # one core: it is the engine's
