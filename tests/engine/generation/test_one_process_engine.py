@@ -30,15 +30,16 @@ class EngineProcess:
         return self.process.threads()
 
 
-def _engine_processes() -> list[EngineProcess]:
-    """This process's vLLM engine processes."""
+def _engine_processes(besides: frozenset[int] = frozenset()) -> list[EngineProcess]:
+    """This process's vLLM engine processes, less those whose pids are in ``besides`` (engines that
+    other tests of the session share and keep alive, started before this test's)."""
     found = []
     for p in psutil.Process().children(recursive=True):
         try:
             name = " ".join(p.cmdline()).strip()  # vLLM pads its process titles
         except psutil.NoSuchProcess:
             continue
-        if name.startswith("VLLM::"):
+        if name.startswith("VLLM::") and p.pid not in besides:
             found.append(EngineProcess(name, p))
     return found
 
@@ -55,12 +56,14 @@ def test_one_process_engine_samples_the_models_logprobs_and_loads_a_version_from
     perturbed.save_pretrained(tmp_path / "v1")
     base = AutoModelForCausalLM.from_pretrained(tiny_calc_model, dtype=torch.float32)
 
+    others = frozenset(e.process.pid for e in _engine_processes())  # the session's shared engine (tests/conftest.py tiny_llm), if a test before started it
+
     async def main() -> None:
         g = VllmGenerator(settings, timeout_s=120)
         info = await g.start()
         try:
             assert info["cpu_engine_processes"] == 1 and info["cpu_threads_bind"] == str(core), info
-            (engine,) = _engine_processes()
+            (engine,) = _engine_processes(others)
             assert engine.name == "VLLM::EngineCore"  # no worker process of its own
             # its worker computes with one thread, bound to the one core
             assert info["torch_threads"] == 1, info
@@ -77,6 +80,6 @@ def test_one_process_engine_samples_the_models_logprobs_and_loads_a_version_from
             assert max(abs(a - b) for a, b in zip(_hf_logprobs(perturbed, PROMPT, after.token_ids), after.logprobs)) < 1e-4
         finally:
             await g.shutdown()
-        assert not _engine_processes()
+        assert not _engine_processes(others)
 
     asyncio.run(main())
