@@ -28,6 +28,7 @@ from agentrl.engine.generation.engine_config import (
     CPU_BLOCK_SIZE,
     EngineSettings,
     engine_environ,
+    engine_in_this_process,
     engine_kwargs,
     environ_set,
 )
@@ -195,16 +196,15 @@ class VllmGenerator(GeneratorCounters, Generator):
             from agentrl.engine.generation.weight_transfer import register
 
             register()
-        if s.weight_transfer == "ipc":
-            if not on_gpu:
-                raise GeneratorError('generator.weight_sync = "ipc" is CUDA IPC: this engine runs on the CPU; use "gloo" or "disk"')
-            # the workers decode the learner's pickled CUDA IPC handles (ipc_handles_pickled);
-            # the engine's processes inherit this from the actor's environment
-            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-        # the engine's processes read the binding (and a one-process engine's set-up) from the
-        # environment when they start: it is set for the start only, so that it reaches no later
-        # engine or subprocess of this process
+        if s.weight_transfer == "ipc" and not on_gpu:
+            raise GeneratorError('generator.weight_sync = "ipc" is CUDA IPC: this engine runs on the CPU; use "gloo" or "disk"')
+        # the engine's processes read the binding (a one-process engine's set-up, the IPC
+        # permission) from the environment when they start: it is set for the start only, so that
+        # it reaches no later engine or subprocess of this process
         env = engine_environ(s, on_gpu)
+        if "VLLM_ALLOW_INSECURE_SERIALIZATION" in env and engine_in_this_process(s, on_gpu):
+            # the worker that unpickles the handles is this process: the permission must outlive the start
+            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         args = AsyncEngineArgs(**engine_kwargs(s, on_gpu))
         t0 = time.monotonic()
         try:
