@@ -216,7 +216,7 @@ def engine_settings(recipe: Recipe, *, model: str, tokenizer: str | None) -> Eng
         enable_prefix_caching=g.enable_prefix_caching,
         block_size=g.block_size,
         cpu_threads_bind=g.cpu_threads_bind,
-        cpu_engine_processes=g.cpu_engine_processes,
+        cpu_engine_processes=g.engine_processes(),
         seed=r.seed,
         weight_transfer=None if g.weight_sync == "disk" else g.weight_sync,
         recompute_kv_on_update=g.recompute_kv_on_update,

@@ -68,12 +68,13 @@ class GeneratorConfig(Section):
     process may use: colocated's default, the engine has the machine while it generates),
     ``nobind``, or a core list like ``0-1`` or ``0,2`` (``|`` between tensor-parallel ranks). It decides over a
     ``VLLM_CPU_OMP_THREADS_BIND`` in the environment."""
-    cpu_engine_processes: Literal[1, 2] = 2
+    cpu_engine_processes: Literal["auto", 1, 2] = "auto"
     """Processes each CPU engine runs in: 2 (vLLM's CPU default: an engine core and a model worker) or 1
     (the worker inside the engine core, its OpenMP threads set up from ``cpu_threads_bind``): one
-    process start and one torch and vLLM import fewer, so the engine is ready sooner; what it does to
-    decoding speed is measured in benchmarks/RESULTS.md ("Engine start-up"). One process holds one
-    worker: not with ``tensor_parallel_size > 1``. Ignored on GPUs."""
+    process start and one torch and vLLM import fewer, so the engine is ready sooner, and it decoded
+    no slower where measured (benchmarks/RESULTS.md, "Engine start-up"). One process holds one
+    worker: not with ``tensor_parallel_size > 1``. ``auto``: 1 when the engine has one worker
+    (``tensor_parallel_size = 1``, no ``|`` in ``cpu_threads_bind``), else 2. Ignored on GPUs."""
     cpu_affinity: list[NonNegativeInt] | None = Field(None, min_length=1)
     """Pin each generator actor to these CPU cores (Linux CPU affinity: every thread of the actor's process,
     inherited by the processes it starts: vLLM's engine processes); None: not pinned. Gives generation and
@@ -133,6 +134,12 @@ class GeneratorConfig(Section):
         if self.cpu_engine_processes == 1 and self.tensor_parallel_size > 1:
             raise ValueError(f"cpu_engine_processes = 1 holds one model worker; tensor_parallel_size = {self.tensor_parallel_size} needs one per rank")
         return self
+
+    def engine_processes(self) -> int:
+        """``cpu_engine_processes`` with ``auto`` decided: 1 for an engine of one worker, else 2."""
+        if self.cpu_engine_processes != "auto":
+            return self.cpu_engine_processes
+        return 1 if self.tensor_parallel_size == 1 and "|" not in self.cpu_threads_bind else 2
 
 
 class RolloutConfig(Section):

@@ -46,7 +46,14 @@ def test_engine_settings_pass_tensor_parallelism_and_limits_through():
 def test_the_cpu_engine_processes_reach_the_engine_and_one_process_holds_one_worker():
     import pytest
 
-    assert wiring.engine_settings(recipe(), model="/m", tokenizer=None).cpu_engine_processes == 2  # vLLM's default
+    # auto: one process for an engine of one worker, vLLM's two where it has several
+    assert wiring.engine_settings(recipe(), model="/m", tokenizer=None).cpu_engine_processes == 1
+    tp = recipe(generator={"tensor_parallel_size": 2, "num_gpus": 2})
+    assert wiring.engine_settings(tp, model="/m", tokenizer=None).cpu_engine_processes == 2
+    ranks = recipe(generator={"cpu_threads_bind": "0|1"})
+    assert wiring.engine_settings(ranks, model="/m", tokenizer=None).cpu_engine_processes == 2
+    two = recipe(generator={"cpu_engine_processes": 2})
+    assert wiring.engine_settings(two, model="/m", tokenizer=None).cpu_engine_processes == 2
     one = recipe(generator={"cpu_engine_processes": 1})
     assert wiring.engine_settings(one, model="/m", tokenizer=None).cpu_engine_processes == 1
     with pytest.raises(Exception, match="cpu_engine_processes = 1 holds one model worker"):
