@@ -50,7 +50,8 @@ class EngineSettings:
     process and a model-worker process) or 1 (the model worker inside the engine core: one
     process start and one torch and vLLM import fewer; its OpenMP threads are set up from
     ``cpu_threads_bind`` as vLLM sets up its own worker's, :func:`one_process_openmp_env`).
-    Ignored on GPUs."""
+    Ignored on GPUs. A recipe's ``auto`` (its default) arrives here decided: 1 for an engine of
+    one worker."""
     seed: int = 0
     """Engine seed."""
     weight_transfer: str | None = None
