@@ -2,6 +2,8 @@
 
 import asyncio
 import os
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -84,7 +86,7 @@ def test_all_binds_vllms_openmp_threads_to_every_core_the_process_may_use(monkey
     assert [engine_config.omp_threads_bind(v) for v in ("auto", "nobind", "0-1")] == ["auto", "nobind", "0-1"]
 
 
-class _FakeEngine:
+class StartedEngine:
     """What ``start`` reads of a started ``AsyncLLM``."""
 
     class model_config:
@@ -99,22 +101,30 @@ class _FakeEngine:
         return [3]  # one answer per worker
 
 
-def test_the_setting_binds_the_engine_and_the_binding_leaves_no_trace_in_the_environment(monkeypatch) -> None:
-    # a process that hosts an engine (a test session, an in-process run) starts later engines and
-    # `agentrl train` subprocesses: what one engine was bound to must not become theirs
+def fake_vllm(monkeypatch: pytest.MonkeyPatch, record: Callable[[dict[str, Any]], Any]) -> list[Any]:
+    """vLLM's front end, as far as ``start()`` uses it (no vLLM import in the quick tier): each
+    engine construction appends ``record(engine_args)`` to the returned list, taken while the
+    start-up environment is set, and yields a :class:`StartedEngine`."""
     import sys
     import types
 
-    seen: list[str | None] = []
+    seen: list[Any] = []
 
-    class FakeAsyncLLM:  # vLLM's front end, as far as start() uses it (no vLLM import in the quick tier)
+    class FakeAsyncLLM:
         @staticmethod
-        def from_engine_args(args):
-            seen.append(os.environ.get("VLLM_CPU_OMP_THREADS_BIND"))
-            return _FakeEngine()
+        def from_engine_args(args: dict[str, Any]) -> StartedEngine:
+            seen.append(record(args))
+            return StartedEngine()
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(AsyncEngineArgs=lambda **kwargs: kwargs))
     monkeypatch.setitem(sys.modules, "vllm.v1.engine.async_llm", types.SimpleNamespace(AsyncLLM=FakeAsyncLLM))
+    return seen
+
+
+def test_the_setting_binds_the_engine_and_the_binding_leaves_no_trace_in_the_environment(monkeypatch) -> None:
+    # a process that hosts an engine (a test session, an in-process run) starts later engines and
+    # `agentrl train` subprocesses: what one engine was bound to must not become theirs
+    seen = fake_vllm(monkeypatch, lambda args: os.environ.get("VLLM_CPU_OMP_THREADS_BIND"))
     monkeypatch.setattr(gen_mod.os, "sched_getaffinity", lambda pid: {0, 3})
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     info = asyncio.run(VllmGenerator(EngineSettings(model="unused", cpu_threads_bind="all")).start())
@@ -128,20 +138,8 @@ def test_the_setting_binds_the_engine_and_the_binding_leaves_no_trace_in_the_env
 
 
 def test_a_one_process_engine_gets_the_uni_executor_and_vllms_worker_openmp_setup_for_its_start_only(monkeypatch) -> None:
-    import sys
-    import types
-
-    seen: list[tuple[dict, dict]] = []
     names = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND")
-
-    class FakeAsyncLLM:
-        @staticmethod
-        def from_engine_args(args):
-            seen.append((args, {k: os.environ.get(k) for k in names}))
-            return _FakeEngine()
-
-    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(AsyncEngineArgs=lambda **kwargs: kwargs))
-    monkeypatch.setitem(sys.modules, "vllm.v1.engine.async_llm", types.SimpleNamespace(AsyncLLM=FakeAsyncLLM))
+    seen = fake_vllm(monkeypatch, lambda args: (args, {k: os.environ.get(k) for k in names}))
     for name in names:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "7")  # a user's export: put back after the start

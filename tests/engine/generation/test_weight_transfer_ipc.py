@@ -20,6 +20,7 @@ import torch
 from agentrl.engine.generation import weight_transfer as wt
 from agentrl.engine.generation.generator import EngineSettings, VllmGenerator, engine_kwargs
 from agentrl.errors import GeneratorError
+from tests.engine.generation.test_generator_units import fake_vllm
 
 
 class Meta:
@@ -175,17 +176,6 @@ def test_a_cpu_engine_refuses_ipc_in_words(monkeypatch):
     assert "VLLM_ALLOW_INSECURE_SERIALIZATION" not in os.environ  # refused before anything is loosened
 
 
-class _StartedEngine:
-    """What ``start`` reads of a started ``AsyncLLM`` on a GPU."""
-
-    class model_config:
-        class hf_text_config:
-            tie_word_embeddings = False
-
-    async def update_weight_version(self, version: str) -> None:
-        pass
-
-
 @pytest.mark.parametrize("in_process", [False, True])
 def test_the_ipc_permission_reaches_the_engines_start_and_stays_only_where_the_engine_runs_in_process(monkeypatch, in_process):
     """The engine's worker unpickles the learner's IPC handles, so its processes start with
@@ -193,22 +183,11 @@ def test_the_ipc_permission_reaches_the_engines_start_and_stays_only_where_the_e
     then unpickle whatever reaches the actor's own channels), unless the user's
     VLLM_ENABLE_V1_MULTIPROCESSING=0 puts the worker in the actor itself."""
     import os
-    import sys
-    import types
 
     from agentrl.engine.common.devices import DeviceChoice
     from agentrl.engine.generation import generator as gen_mod
 
-    seen: list[str | None] = []
-
-    class FakeAsyncLLM:
-        @staticmethod
-        def from_engine_args(args):
-            seen.append(os.environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION"))
-            return _StartedEngine()
-
-    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(AsyncEngineArgs=lambda **kwargs: kwargs))
-    monkeypatch.setitem(sys.modules, "vllm.v1.engine.async_llm", types.SimpleNamespace(AsyncLLM=FakeAsyncLLM))
+    seen = fake_vllm(monkeypatch, lambda args: os.environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION"))
     monkeypatch.setattr(gen_mod, "resolve_device", lambda: DeviceChoice(on_gpu=True, cuda_index=0, cuda_visible=True, reason="a fake GPU"))
     monkeypatch.setattr(wt, "register", lambda: None)
     monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
