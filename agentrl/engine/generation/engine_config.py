@@ -14,7 +14,7 @@ from typing import Any, Iterator
 from agentrl.engine.generation.vllm_worker import WORKER_EXTENSION
 from agentrl.errors import GeneratorError
 
-__all__ = ["CPU_BLOCK_SIZE", "EngineSettings", "engine_environ", "engine_in_this_process", "engine_kwargs", "environ_set", "omp_threads_bind", "one_process_openmp_env"]
+__all__ = ["CPU_BLOCK_SIZE", "EngineSettings", "engine_environ", "engine_kwargs", "environ_set", "omp_threads_bind", "one_process_openmp_env"]
 
 
 @dataclass
@@ -147,8 +147,8 @@ def engine_environ(s: EngineSettings, on_gpu: bool) -> dict[str, str | None]:
     OpenMP set-up (:func:`one_process_openmp_env`). On GPUs, with ``weight_transfer = "ipc"``:
     ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``, which lets the engine's worker unpickle the learner's
     CUDA IPC handles (``ipc_handles_pickled``); the engine's processes inherit it at their start,
-    and the process that starts them keeps refusing pickled messages (see
-    :func:`engine_in_this_process` for the one case where that cannot hold)."""
+    and the process that starts them keeps refusing pickled messages (``AsyncLLM`` always runs
+    its engine core, and so the worker, in a process of its own)."""
     if on_gpu:
         return {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"} if s.weight_transfer == "ipc" else {}
     bind = omp_threads_bind(s.cpu_threads_bind)
@@ -156,16 +156,6 @@ def engine_environ(s: EngineSettings, on_gpu: bool) -> dict[str, str | None]:
     if s.cpu_engine_processes == 1:
         env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **one_process_openmp_env(bind)})
     return env
-
-
-def engine_in_this_process(s: EngineSettings, on_gpu: bool) -> bool:
-    """True when the engine's worker will run inside the process that starts it: a one-process CPU
-    engine, or vLLM's multiprocessing switched off by the user's own
-    ``VLLM_ENABLE_V1_MULTIPROCESSING=0``. Then what the engine reads from the environment after
-    its start (the IPC permission of :func:`engine_environ`) must stay set in this process."""
-    if not on_gpu and s.cpu_engine_processes == 1:
-        return True
-    return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").strip().lower() in ("0", "false")
 
 
 def engine_kwargs(s: EngineSettings, on_gpu: bool) -> dict[str, Any]:

@@ -28,7 +28,6 @@ from agentrl.engine.generation.engine_config import (
     CPU_BLOCK_SIZE,
     EngineSettings,
     engine_environ,
-    engine_in_this_process,
     engine_kwargs,
     environ_set,
 )
@@ -202,9 +201,6 @@ class VllmGenerator(GeneratorCounters, Generator):
         # permission) from the environment when they start: it is set for the start only, so that
         # it reaches no later engine or subprocess of this process
         env = engine_environ(s, on_gpu)
-        if "VLLM_ALLOW_INSECURE_SERIALIZATION" in env and engine_in_this_process(s, on_gpu):
-            # the worker that unpickles the handles is this process: the permission must outlive the start
-            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         args = AsyncEngineArgs(**engine_kwargs(s, on_gpu))
         t0 = time.monotonic()
         try:

@@ -176,12 +176,11 @@ def test_a_cpu_engine_refuses_ipc_in_words(monkeypatch):
     assert "VLLM_ALLOW_INSECURE_SERIALIZATION" not in os.environ  # refused before anything is loosened
 
 
-@pytest.mark.parametrize("in_process", [False, True])
-def test_the_ipc_permission_reaches_the_engines_start_and_stays_only_where_the_engine_runs_in_process(monkeypatch, in_process):
+def test_the_ipc_permission_reaches_the_engines_start_and_does_not_stay(monkeypatch):
     """The engine's worker unpickles the learner's IPC handles, so its processes start with
     VLLM_ALLOW_INSECURE_SERIALIZATION=1; the actor that starts them must not keep it (vLLM would
-    then unpickle whatever reaches the actor's own channels), unless the user's
-    VLLM_ENABLE_V1_MULTIPROCESSING=0 puts the worker in the actor itself."""
+    then unpickle whatever reaches the actor's own channels). ``AsyncLLM`` always runs its engine
+    core in a process of its own, even under the user's VLLM_ENABLE_V1_MULTIPROCESSING=0."""
     import os
 
     from agentrl.engine.common.devices import DeviceChoice
@@ -191,13 +190,9 @@ def test_the_ipc_permission_reaches_the_engines_start_and_stays_only_where_the_e
     monkeypatch.setattr(gen_mod, "resolve_device", lambda: DeviceChoice(on_gpu=True, cuda_index=0, cuda_visible=True, reason="a fake GPU"))
     monkeypatch.setattr(wt, "register", lambda: None)
     monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
-    if in_process:
-        monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    else:
-        monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     asyncio.run(VllmGenerator(EngineSettings(model="unused", weight_transfer="ipc")).start())
     assert seen == ["1"]
-    assert os.environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION") == ("1" if in_process else None)
+    assert "VLLM_ALLOW_INSECURE_SERIALIZATION" not in os.environ
     # other transports never loosen it
     monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
     asyncio.run(VllmGenerator(EngineSettings(model="unused", weight_transfer="nccl")).start())
