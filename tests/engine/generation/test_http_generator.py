@@ -148,6 +148,22 @@ def tied_model(tiny_calc_model, tmp_path_factory):
     return folder
 
 
+MAX_LEN = 4096
+"""The server's context: room for a request long enough to still be decoding when the update's
+pause lands (the 400 tokens this test used to ask for once finished before a
+0.3 s sleep and the pause that followed it had landed, under CI's load)."""
+LONG = 2000
+"""Tokens of the request kept in flight across the update (seconds of decoding here: margin for a
+pause that a loaded machine delays)."""
+
+
+async def _running(url: str) -> float:
+    """How many requests the server is decoding now (its Prometheus ``vllm:num_requests_running``)."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+        text = (await c.get("/metrics")).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:num_requests_running"))
+
+
 @pytest.fixture(scope="module")
 def vllm_server(tied_model, tmp_path_factory):
     """`vllm serve` of the tied tiny model with the RL and token-in/token-out endpoints and
@@ -157,7 +173,7 @@ def vllm_server(tied_model, tmp_path_factory):
 
     log_path = tmp_path_factory.mktemp("vllm-serve") / "server.log"
     with serve(
-        tied_model, log_path, "--dtype", "float32", "--max-model-len", "512", "--enable-scale-out", "--logprobs-mode", "processed_logprobs", "--seed", "0",
+        tied_model, log_path, "--dtype", "float32", "--max-model-len", str(MAX_LEN), "--enable-scale-out", "--logprobs-mode", "processed_logprobs", "--seed", "0",
         "--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096", "--worker-extension-cls", WORKER_EXTENSION,
         env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_LOGGING_LEVEL": "WARNING"},
     ) as url:
@@ -198,11 +214,13 @@ def test_real_vllm_serve_tokens_versions_and_inflight_update(vllm_server, tied_m
         long: list = []
 
         async def long_request() -> None:  # in flight while the weights change
-            long.append(await g.generate(prompt, {"max_tokens": 400, "temperature": 1.0, "seed": 4, "ignore_eos": True}))
+            long.append(await g.generate(prompt, {"max_tokens": LONG, "temperature": 1.0, "seed": 4, "ignore_eos": True}))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(long_request)
-            await anyio.sleep(0.3)
+            with anyio.fail_after(60):  # update as soon as the server decodes it, not after a guessed sleep
+                while not await _running(vllm_server):
+                    await anyio.sleep(0.01)
             assert not long
             t0 = time.monotonic()
             stall = await g.update_weights(1, str(v1))
@@ -214,7 +232,7 @@ def test_real_vllm_serve_tokens_versions_and_inflight_update(vllm_server, tied_m
 
     info, a, again, stall, wall, b, spanning, stats = anyio.run(go)
     # the long request survived the update (pause mode "keep"): version 0 tokens, then version 1
-    assert len(spanning.token_ids) == 400 and spanning.versions[0] == 0 and spanning.versions[-1] == 1
+    assert len(spanning.token_ids) == LONG and spanning.versions[0] == 0 and spanning.versions[-1] == 1
     assert spanning.versions == sorted(spanning.versions)
     assert info["device"] == "remote"
     assert len(a.token_ids) == len(a.logprobs) == 12 and a.versions == [0] * 12
