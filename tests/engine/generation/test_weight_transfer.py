@@ -15,6 +15,8 @@ import time
 import pytest
 import torch
 
+from tests.engine.generation.inflight import sampling_started
+
 pytestmark = pytest.mark.vllm
 
 
@@ -73,8 +75,7 @@ def test_broadcast_loads_the_version_into_vllm(tiny_calc_model) -> None:
             # a request in flight during the update survives it (pause mode "keep"): its first
             # tokens come from version 0, its last from version 3
             long = asyncio.ensure_future(g.generate(PROMPT, {"max_tokens": 450, "temperature": 1.0, "ignore_eos": True, "seed": 1}))
-            await asyncio.sleep(0.3)
-            assert not long.done()
+            await sampling_started(g)  # in flight: the update starts once it samples, not after a guessed sleep
             await asyncio.to_thread(engine.send_weights)
             spanning = await long
             assert len(spanning.token_ids) == 450 and spanning.versions[0] == 0 and spanning.versions[-1] == 3

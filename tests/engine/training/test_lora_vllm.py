@@ -12,6 +12,7 @@ import asyncio
 
 import pytest
 
+from tests.engine.generation.inflight import sampled_tokens, sampling_started
 from tests.engine.training.test_learner_correctness import make_learner
 
 TOL = 1e-4
@@ -47,20 +48,6 @@ def _adapter_logprobs(model: str, adapter: str, samples) -> list[list[float]]:
         return [[0.0, *reference_logprobs(lm, s["tokens"]).tolist()] for s in samples]
 
 
-def _progress(gen) -> list[int]:
-    """Tokens sampled so far by each request the vLLM engine holds (its output processor's state
-    per request: the generator asks for final outputs only, so nothing else shows it)."""
-    return [state.detokenizer.num_output_tokens() for state in gen.engine.output_processor.request_states.values()]
-
-
-async def _sampling_started(gen, timeout_s: float = 120.0) -> None:
-    """Wait until the engine holds exactly one request and that request has sampled a token."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not ((p := _progress(gen)) and len(p) == 1 and p[0] > 0):
-        assert asyncio.get_running_loop().time() < deadline, f"no request sampling after {timeout_s} s: {p}"
-        await asyncio.sleep(0.002)
-
-
 @pytest.mark.vllm
 def test_adapter_versions_reach_vllm_exactly_and_requests_keep_theirs(tiny_calc_model, tmp_path):
     check_adapters_reach_vllm(str(tiny_calc_model), tmp_path, lr=5e-3)
@@ -93,11 +80,11 @@ def check_adapters_reach_vllm(model: str, tmp_path, *, lr: float, long_tokens: i
         # a long request starts on version 0 (the base model) and spans the update: it has sampled
         # some of its tokens when the update starts, and not all of them when it has returned
         long_task = asyncio.ensure_future(gen.generate(prompts[0], {**sampling, "max_tokens": long_tokens, "seed": 1}))
-        await _sampling_started(gen)
+        await sampling_started(gen)
         t0 = asyncio.get_running_loop().time()
         out["stall"] = await gen.update_weights(1, v1)
         out["update_wall"] = asyncio.get_running_loop().time() - t0
-        out["long_at_update"] = (long_task.done(), _progress(gen))
+        out["long_at_update"] = (long_task.done(), sampled_tokens(gen))
         out["loaded"] = set(gen.adapters)
         new = [await gen.generate(p, sampling) for p in prompts]
         long = await long_task
@@ -112,9 +99,9 @@ def check_adapters_reach_vllm(model: str, tmp_path, *, lr: float, long_tokens: i
             learner.train_step(out["new"])
         v2 = learner.publish(str(tmp_path / "v2"))
         inflight = asyncio.ensure_future(gen.generate(prompts[1], {**sampling, "max_tokens": 96}))
-        await _sampling_started(gen)
+        await sampling_started(gen)
         await gen.update_weights(2, v2)
-        out["v1_at_update"] = (inflight.done(), _progress(gen))
+        out["v1_at_update"] = (inflight.done(), sampled_tokens(gen))
         out["still"] = set(gen.adapters)
         out["on_v1"] = await inflight
         out["on_v1_sample"] = _samples(prompts[1:2], [out["on_v1"]])
