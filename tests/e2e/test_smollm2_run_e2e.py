@@ -1,6 +1,6 @@
 """``agentrl train recipes/smol_retool.toml``, reduced, on SmolLM2-135M-Instruct (the real
 pretrained model, tied embeddings): a short SFT warm-up on the tool-integrated math
-demonstrations (8 steps of 4 conversations), then RL of ``agentrl/MathTool-v0`` on systems of
+demonstrations (8 steps of 4 conversations), then two RL steps of ``agentrl/MathTool-v0`` on systems of
 two equations (``synthetic:system``, whose demonstrated solution imports sympy in the sandbox).
 The run trains every step with checkpoints, prunes its published versions, runs sympy in the
 sandbox, and evaluates in distribution and out of it (``eval.sets.ood``) with ReTool's
@@ -36,7 +36,7 @@ def _cmd(run_dir, model) -> list[str]:
     return train_command(
         str(REPO / "recipes" / "smol_retool.toml"), str(run_dir), str(model),
         'data.source="synthetic:system"', "sft.steps=8", "sft.batch_size=4", "sft.lr=2e-4", "sft.num_examples=64",
-        "learner.max_steps=3", "learner.batch_size=8", "rollout.max_concurrent_episodes=8",
+        "learner.max_steps=2", "learner.keep_versions=2", "learner.batch_size=8", "rollout.max_concurrent_episodes=8",
         "eval.limit=4", "eval.sets.ood.limit=2", "eval.every_steps=0", "eval.samples=4",
         "checkpoint.every_steps=1", "checkpoint.keep=1",
     )
@@ -51,12 +51,12 @@ def test_smollm2_retool_trains_with_sympy_reports_tool_use_exports_and_serves(tm
     env = {**os.environ, "RAY_DEDUP_LOGS": "0"}
     run = subprocess.run(_cmd(run_dir, smol_model), cwd=REPO, capture_output=True, text=True, timeout=1500, env=env)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-5000:]
-    assert steps(run_dir) == [1, 2, 3]
+    assert steps(run_dir) == [1, 2]
     trained = [json.loads(line) for line in (run_dir / "trained.jsonl").read_text().splitlines()]
     prompts = [p for t in trained for p in t["prompts"]]
     assert len(prompts) == len(set(prompts)), f"a prompt was trained twice: {prompts}"
-    # published versions are pruned: SmolLM2's 538 MB per version must not pile up (v0..v3 written)
-    assert len(list((run_dir / "weights").glob("v*"))) <= 3  # learner.keep_versions
+    # published versions are pruned: SmolLM2's 538 MB per version must not pile up (v0..v2 written)
+    assert len(list((run_dir / "weights").glob("v*"))) <= 2  # learner.keep_versions
 
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     # placement.mode = "auto" on one machine without GPUs: colocated (generation and training take turns), and it
@@ -64,7 +64,7 @@ def test_smollm2_retool_trains_with_sympy_reports_tool_use_exports_and_serves(tm
     events = [e["message"] for e in records if e["kind"] == "event"]
     assert any(m.startswith("placement: colocated (auto") for m in events), events[:8]
     evals = [e for e in records if e["kind"] == "eval"]
-    assert [e["version"] for e in evals] == [0, 3]
+    assert [e["version"] for e in evals] == [0, 2]
     for e in evals:
         assert e["episodes"] == 4 and e["ood/episodes"] == 2, e
         assert all(k in e and f"ood/{k}" in e for k in TOOL_USE), sorted(e)
