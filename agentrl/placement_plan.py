@@ -359,7 +359,8 @@ def step_working_set(config: dict[str, Any], *, micro_batch_tokens: int, logprob
     - the unsharded compute copy of the largest FSDP unit, the root (embeddings and, untied, the
       output projection): ``V·h·b`` once or twice;
     - one chunk of float32 logits and its softmax in the chunked log-probs:
-      ``3 · chunk · V · 4``.
+      ``3 · chunk · V · 4``;
+    - :data:`STEP_SLACK_BYTES` for what the tensors above leave out.
 
     An estimate (transformers' kernels and torch's allocator add their own); it is written to be
     above what a step measured on a GPU held (benchmarks/RESULTS.md, "The learner on a GPU")."""
@@ -370,7 +371,15 @@ def step_working_set(config: dict[str, Any], *, micro_batch_tokens: int, logprob
     kept = layers * tokens * h * compute_bytes + one_layer if checkpointing else layers * one_layer
     root = vocab * h * compute_bytes * (1 if config.get("tie_word_embeddings", False) else 2)
     logits = 3 * min(int(logprob_chunk_tokens), tokens) * vocab * 4
-    return kept + root + logits
+    return kept + root + logits + STEP_SLACK_BYTES
+
+
+STEP_SLACK_BYTES = 3 * 2**28
+"""0.75 GiB a step holds beyond the tensors :func:`step_working_set` counts: CUDA libraries'
+workspaces, the caching allocator's rounding, transformers' temporaries. An allowance read off
+the H100's steady-state peaks (step 2, AdamW's moments on the GPU during the backward pass),
+which exceeded the counted tensors by up to 0.46 GiB; those runs predate the chunked log-probs
+freeing each chunk before the next (two chunks of logits fewer at their peak)."""
 
 
 IPC_BUFFER_BYTES = 2**30

@@ -47,12 +47,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         ent = torch.zeros(n if with_entropy else 0, dtype=torch.float32, device=hidden.device)
         for s in range(0, n, chunk):
             e = min(n, s + chunk)
-            z = _logits(hidden[s:e], weight, bias, scale)
-            lse[s:e] = torch.logsumexp(z, dim=-1)
-            lp[s:e] = z.gather(-1, targets[s:e, None]).squeeze(-1) - lse[s:e]
-            if with_entropy:
-                p = torch.exp(z - lse[s:e, None])
-                ent[s:e] = lse[s:e] - (p * z).sum(-1)
+            _forward_chunk(hidden[s:e], weight, bias, targets[s:e], scale, lp[s:e], lse[s:e], ent[s:e] if with_entropy else None)
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.chunk, ctx.scale = chunk, scale
         ctx.mark_non_differentiable(ent)
@@ -68,18 +63,8 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b and bias is not None else None
         for s in range(0, n, chunk):
             e = min(n, s + chunk)
-            g = grad_lp[s:e].float()
-            z = _logits(hidden[s:e], weight, bias, ctx.scale)
-            gz = torch.exp(z - lse[s:e, None]).mul_(-g[:, None])  # -g * softmax(z)
-            gz.scatter_add_(-1, targets[s:e, None], g[:, None])  # + g * onehot(y)
-            if ctx.scale != 1.0:
-                gz.mul_(ctx.scale)  # z = scale * (W h + b)
-            if grad_h is not None:
-                grad_h[s:e] = (gz.to(weight.dtype) @ weight).to(hidden.dtype)
-            if grad_w is not None:
-                grad_w.addmm_(gz.t(), hidden[s:e].float())
-            if grad_b is not None:
-                grad_b += gz.sum(0)
+            _backward_chunk(hidden[s:e], weight, bias, targets[s:e], lse[s:e], grad_lp[s:e].float(), ctx.scale,
+                            grad_h[s:e] if grad_h is not None else None, grad_w, grad_b)
         return (
             grad_h,
             grad_w.to(weight.dtype) if grad_w is not None else None,
@@ -89,6 +74,42 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             None,
             None,
         )
+
+
+def _forward_chunk(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, scale: float,
+    lp: torch.Tensor, lse: torch.Tensor, ent: torch.Tensor | None,
+) -> None:
+    """One chunk of the forward pass, written into the views ``lp``, ``lse`` (and ``ent``). A
+    function of its own so that the chunk's logits are freed when it returns, before the next
+    chunk's are made (a loop variable would keep them alive beside the next chunk's)."""
+    z = _logits(hidden, weight, bias, scale)
+    lse.copy_(torch.logsumexp(z, dim=-1))
+    lp.copy_(z.gather(-1, targets[:, None]).squeeze(-1) - lse)
+    if ent is not None:
+        p = torch.exp(z - lse[:, None])
+        ent.copy_(lse - (p * z).sum(-1))
+
+
+def _backward_chunk(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, lse: torch.Tensor,
+    g: torch.Tensor, scale: float, grad_h: torch.Tensor | None, grad_w: torch.Tensor | None, grad_b: torch.Tensor | None,
+) -> None:
+    """One chunk of the backward pass: the chunk's logits recomputed, ``d lp / d z`` times the
+    incoming gradient ``g``, added into ``grad_w``/``grad_b`` and written into the view ``grad_h``
+    (freed on return, as in :func:`_forward_chunk`)."""
+    z = _logits(hidden, weight, bias, scale)
+    gz = torch.exp(z - lse[:, None]).mul_(-g[:, None])  # -g * softmax(z)
+    del z
+    gz.scatter_add_(-1, targets[:, None], g[:, None])  # + g * onehot(y)
+    if scale != 1.0:
+        gz.mul_(scale)  # z = scale * (W h + b)
+    if grad_h is not None:
+        grad_h.copy_((gz.to(weight.dtype) @ weight).to(grad_h.dtype))
+    if grad_w is not None:
+        grad_w.addmm_(gz.t(), hidden.float())
+    if grad_b is not None:
+        grad_b += gz.sum(0)
 
 
 def _logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, scale: float = 1.0) -> torch.Tensor:

@@ -1,7 +1,10 @@
 import math
+import weakref
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from agentrl.engine.generation.generator import versions_from_spans
 from agentrl.engine.training.learner import lr_multiplier, token_logprobs
@@ -86,3 +89,46 @@ def test_chunked_logprobs_refuse_a_non_positive_temperature():
 def test_versions_from_spans():
     spans = [("default", 0, 2), ("1", 2, 4), ("2", 4, 5)]
     assert versions_from_spans(spans, 6, fallback=7) == [0, 0, 1, 1, 2, 7]
+
+
+class _LiveWideTensors(TorchDispatchMode):
+    """Bytes of tensors ``width`` columns wide (a chunk of logits and what is computed from it)
+    alive at once among the outputs of the ops run under it: the current and the peak figure."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.width, self.live, self.peak, self.storages = width, 0, 0, set()
+
+    def _gone(self, key: int, nbytes: int) -> None:
+        self.storages.discard(key)
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.dim() == 2 and t.shape[-1] == self.width:
+                key = t.untyped_storage().data_ptr()
+                if key in self.storages:  # a view, or an in-place op's result
+                    continue
+                nbytes = t.untyped_storage().nbytes()
+                self.storages.add(key)
+                self.live += nbytes
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(t, self._gone, key, nbytes)
+        return out
+
+
+def test_chunked_logprobs_hold_three_chunks_of_logits_at_most():
+    """A chunk's logits and what is computed from them are freed before the next chunk's are
+    made, in the forward and in the backward pass: at most three chunk-sized float32 tensors are
+    alive at once (the logits, a temporary and the softmax), not the previous chunk's beside the
+    next's (the H100 run's steady-state peak held one chunk more than the memory plan counts)."""
+    vocab, chunk = 5003, 4
+    h = torch.randn(12, 8, requires_grad=True)
+    w = torch.randn(vocab, 8, requires_grad=True)
+    t = torch.randint(0, vocab, (12,))
+    with _LiveWideTensors(vocab) as live:
+        lp, _ = chunked_token_logprobs(h, w, t, chunk_tokens=chunk, with_entropy=True)
+        lp.sum().backward()
+    one_chunk = chunk * vocab * 4
+    assert one_chunk <= live.peak <= 3 * one_chunk, live.peak / one_chunk
