@@ -88,7 +88,7 @@ class Neighbour:
         args[6] = index
         t0 = time.monotonic()
         tensor = rebuild_cuda_tensor(*args)
-        total = float(tensor.double().sum().item())
+        total = float(torch.sum(tensor, dtype=torch.float64).item())  # no float64 copy of the tensor
         return {"sum": total, "shape": list(tensor.shape), "dtype": str(tensor.dtype), "rebuild_s": time.monotonic() - t0}
 
 
@@ -105,7 +105,7 @@ def share_a_shard(learner: Any) -> dict[str, Any]:
     learner._ipc_keepalive = copy  # the receiver maps this memory: it must outlive the call
     _, args = reduce_tensor(copy)
     uuid = str(torch.cuda.get_device_properties(copy.device).uuid)
-    return {"by_uuid": {uuid: args}, "sum": float(copy.double().sum().item()), "shape": list(copy.shape),
+    return {"by_uuid": {uuid: args}, "sum": float(torch.sum(copy, dtype=torch.float64).item()), "shape": list(copy.shape),
             "device": str(copy.device)}
 
 
