@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.benchmarks import benchmark_module
+
 
 
 @pytest.fixture
-def ab(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    spec = importlib.util.spec_from_file_location("ab_commits_under_test", BENCH / "ab_commits.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    yield mod
-    sys.modules.pop("ab_commits_under_test", None)
+def ab():
+    with benchmark_module("ab_commits") as mod:
+        yield mod
 
 
 def fake_run(path: Path, step_s: float, fwd: list[float], command_s: float | None = None) -> Path:

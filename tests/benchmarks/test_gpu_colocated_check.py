@@ -5,7 +5,6 @@ memory figures)."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,17 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.benchmarks import benchmark_module
+
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = ROOT / "benchmarks" / "records" / "gpu" / "h100_colocated_qwen1.5b_r1.json"
 
 
 @pytest.fixture(scope="module")
 def check():
-    spec = importlib.util.spec_from_file_location("gpu_colocated_check_under_test", ROOT / "benchmarks" / "gpu_colocated_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    yield mod
-    sys.modules.pop("gpu_colocated_check_under_test", None)
+    with benchmark_module("gpu_colocated_check") as mod:
+        yield mod
 
 
 @pytest.fixture

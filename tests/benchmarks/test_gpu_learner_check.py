@@ -4,7 +4,6 @@ them, and the whole script on this CPU with a small model (the offload is a no-o
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,17 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.benchmarks import benchmark_module
+
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = ROOT / "benchmarks" / "records" / "gpu"
 
 
 @pytest.fixture(scope="module")
 def check():
-    spec = importlib.util.spec_from_file_location("gpu_learner_check_under_test", ROOT / "benchmarks" / "gpu_learner_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    yield mod
-    sys.modules.pop("gpu_learner_check_under_test", None)
+    with benchmark_module("gpu_learner_check") as mod:
+        yield mod
 
 
 @pytest.fixture

@@ -3,31 +3,26 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.benchmarks import benchmark_module
+
 
 
 @pytest.fixture
 def bench(tmp_path, monkeypatch):
     """The benchmark module, its records in ``tmp_path/records`` and ``agentrl train`` forbidden."""
-    monkeypatch.syspath_prepend(str(BENCH))
-    spec = importlib.util.spec_from_file_location("retool_laptop_under_test", BENCH / "retool_laptop.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    monkeypatch.setattr(mod, "RECORDS", tmp_path / "records")
+    with benchmark_module("retool_laptop") as mod:
+        monkeypatch.setattr(mod, "RECORDS", tmp_path / "records")
 
-    def no_training(*a, **k):
-        raise AssertionError("agentrl train was started for a run that has a record")
+        def no_training(*a, **k):
+            raise AssertionError("agentrl train was started for a run that has a record")
 
-    monkeypatch.setattr(mod, "agentrl_train", no_training)
-    yield mod
-    sys.modules.pop("retool_laptop_under_test", None)
+        monkeypatch.setattr(mod, "agentrl_train", no_training)
+        yield mod
 
 
 CURVE = [{"version": 0, "rl_s": 0.0, "accuracy": 0.25, "ood/accuracy": 0.125, "tool_call_rate": 0.5},
