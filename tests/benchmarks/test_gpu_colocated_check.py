@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from tests.benchmarks import benchmark_module
+from tests.benchmarks import BENCH, benchmark_module, run_gpu_check_on_cpu
 
-ROOT = Path(__file__).resolve().parents[2]
-RECORD = ROOT / "benchmarks" / "records" / "gpu" / "h100_colocated_qwen1.5b_r1.json"
+RECORD = BENCH / "records" / "gpu" / "h100_colocated_qwen1.5b_r1.json"
 
 
 @pytest.fixture(scope="module")
@@ -64,19 +60,7 @@ def test_a_cpu_actor_on_the_gpu_fails(check, h100):
 
 @pytest.mark.ray
 def test_the_script_runs_on_this_cpu_with_a_small_model(tmp_path):
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps({
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64,
-        "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2, "vocab_size": 128,
-        "tie_word_embeddings": True, "max_position_embeddings": 256}))
-    out = tmp_path / "report.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_colocated_check.py"), "--config", str(config), "--rows", "3",
-         "--min-len", "8", "--max-len", "24", "--out", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    report = json.loads(out.read_text())
+    proc, report = run_gpu_check_on_cpu("gpu_colocated_check", tmp_path)
     assert report["learner"]["device"] == "cpu" and report["setup"]["backend"] == "gloo"
     assert [s["loss"] is not None for s in report["steps"]] == [True, True]
     assert "ipc" not in report and set(report["verdict"]) == {"cpu actor picks the CPU", "steps trained"}

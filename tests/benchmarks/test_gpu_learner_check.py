@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from tests.benchmarks import benchmark_module
+from tests.benchmarks import BENCH, benchmark_module, run_gpu_check_on_cpu
 
-ROOT = Path(__file__).resolve().parents[2]
-RECORDS = ROOT / "benchmarks" / "records" / "gpu"
+RECORDS = BENCH / "records" / "gpu"
 
 
 @pytest.fixture(scope="module")
@@ -60,19 +56,7 @@ def test_a_peak_beyond_what_vllm_leaves_fails(check, h100):
 
 
 def test_the_script_runs_on_this_cpu_with_a_small_model(tmp_path):
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps({
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64,
-        "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2, "vocab_size": 128,
-        "tie_word_embeddings": True, "max_position_embeddings": 256}))
-    out = tmp_path / "report.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_learner_check.py"), "--config", str(config), "--rows", "3",
-         "--min-len", "8", "--max-len", "24", "--probe", "2", "--out", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    report = json.loads(out.read_text())
+    proc, report = run_gpu_check_on_cpu("gpu_learner_check", tmp_path, "--probe", "2")
     assert report["offload"]["setup"]["backend"] == "gloo" and report["plain"]["step2"]["trained_tokens"] > 0
     assert report["verdict"]["round_trip_exact"]["ok"] and report["verdict"]["matches_plain"]["ok"]
     assert "ok   round_trip_exact" in proc.stdout
