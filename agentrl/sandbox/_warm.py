@@ -78,7 +78,7 @@ class WarmWorker:
         self.loaded: list[str] = []
         self.dead = False
         self.ready = False
-        self._ready_lock: anyio.Lock | None = None
+        self._watched = False
         self.launched_at = 0.0
 
     def launch(self) -> None:
@@ -160,16 +160,29 @@ class WarmWorker:
         self.ready = True
         return True
 
+    async def _watch(self) -> None:
+        """Until the control socket may have something to read. anyio lets one task at a time
+        watch a socket (a second is refused: BusyResourceError), and several may be waiting on
+        one worker: tasks still waiting for it to be ready, and the one that already found it
+        ready by polling and asks it for a tree. The first watches; the others look again after
+        10 ms. (No lock: a worker may serve asyncio and trio loops one after the other.)"""
+        assert self.ctl is not None
+        if self._watched:
+            await anyio.sleep(0.01)
+            return
+        self._watched = True
+        try:
+            await anyio.wait_readable(self.ctl)
+        finally:
+            self._watched = False
+
     async def wait_ready(self) -> None:
         """Wait until :meth:`poll_ready` says ready (or raises). Several tasks may wait on one
-        worker: they wait one after the other (two waits on one socket would be refused)."""
-        if self._ready_lock is None:
-            self._ready_lock = anyio.Lock()
-        async with self._ready_lock:
-            while not self.poll_ready():
-                assert self.ctl is not None
-                with anyio.move_on_after(0.5):
-                    await anyio.wait_readable(self.ctl)
+        worker, and the one that holds it may already ask it for a tree (it found it ready by
+        polling): they take turns watching its socket (:meth:`_watch`)."""
+        while not self.poll_ready():
+            with anyio.move_on_after(0.5):
+                await self._watch()
 
     def _fail(self, what: str) -> None:
         if self.proc is not None:
@@ -212,12 +225,14 @@ class WarmWorker:
         )
 
     async def _recv(self) -> tuple[dict[str, Any] | None, list[int]]:
+        """The server's next message and the descriptors it carries (watching the socket in
+        turn with tasks still waiting for the worker to be ready: :meth:`_watch`)."""
         assert self.ctl is not None
         while True:
             try:
                 data, fds, _flags, _addr = socket.recv_fds(self.ctl, 1 << 16, 4, socket.MSG_CMSG_CLOEXEC)
             except BlockingIOError:
-                await anyio.wait_readable(self.ctl)
+                await self._watch()
                 continue
             except OSError:
                 return None, []

@@ -165,3 +165,39 @@ def test_sessions_opened_at_once_on_a_fresh_warm_sandbox_all_open() -> None:
     results = arun(go)
     assert all(isinstance(r, ExecResult) and r.ok for r in results), results
     assert [r.stdout for r in results] == [f"{i * 7}\n" for i in range(8)]
+
+
+def test_a_worker_polled_ready_while_another_task_waits_on_it_hands_out_a_tree() -> None:
+    """One task waits for a starting worker (watching its socket) while another finds it ready by
+    polling, as the pool's ``ready()`` does, and asks it for a tree at once: the two must take
+    turns on the socket. Before, the second watched it too and was refused ('BusyResourceError:
+    Another task is already reading from this resource'): seen in CI under load, in the test
+    above, as an innocent session's infrastructure failure."""
+    import anyio
+
+    from agentrl.sandbox import BubblewrapSandbox
+
+    from .conftest import SETTINGS
+
+    sb = BubblewrapSandbox(warm=True, preload=[], warmup="", **{**SETTINGS, "max_concurrency": 1})
+
+    async def go() -> str:
+        worker = sb._pool.launch("full")
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(worker.wait_ready)  # watches the socket until the worker says ready
+                for _ in range(10):
+                    await anyio.sleep(0)  # it is watching now: a worker takes far longer to start
+                deadline = time.monotonic() + 60
+                while not worker.poll_ready():  # without yielding: the waiter cannot read first
+                    assert time.monotonic() < deadline, "the worker did not start"
+                    time.sleep(0.005)
+                tree = await worker.take("session")
+                tree.close()
+            return "took a tree"
+        finally:
+            await sb.aclose()
+
+    assert arun(go) == "took a tree"
+
+
