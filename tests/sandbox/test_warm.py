@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import statistics
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -59,19 +58,16 @@ def test_every_execution_starts_from_the_warm_state(sandbox_of: SandboxOf) -> No
     assert first.stdout.splitlines()[1] != second.stdout.splitlines()[1]
 
 
-def test_warm_is_much_faster_than_a_fresh_interpreter_for_sympy(sandbox_of: SandboxOf) -> None:
+def test_warm_runs_sympy_already_imported_where_a_fresh_interpreter_imports_it(sandbox_of: SandboxOf) -> None:
+    """What makes a warm execution fast (benchmarks/sandbox.py measures how fast; a timing here
+    would flip on a loaded machine): the fork already holds sympy, a fresh interpreter imports it."""
     warm, cold = sandbox_of("bubblewrap-warm"), sandbox_of("bubblewrap-exec")
-
-    def median_s(sb: Any, n: int) -> float:
-        times = []
-        for _ in range(n):
-            r = run(sb, SOLVE)
-            assert r.ok and r.stdout == "[2, 3]\n", r
-            times.append(r.wall_s)
-        return statistics.median(times)
-
-    warm_s, cold_s = median_s(warm, 5), median_s(cold, 3)
-    assert warm_s * 5 < cold_s, (warm_s, cold_s)  # about 20x on an idle machine
+    probe = "import sys\nprint('sympy' in sys.modules)\n" + SOLVE
+    before = warm.stats.warm_runs
+    w, c = run(warm, probe), run(cold, probe)
+    assert w.ok and w.stdout == "True\n[2, 3]\n", w
+    assert c.ok and c.stdout == "False\n[2, 3]\n", c
+    assert warm.stats.warm_runs == before + 1 and cold.stats.warm_runs == 0
 
 
 def test_crashed_worker_is_replaced() -> None:
