@@ -377,9 +377,9 @@ def step_working_set(config: dict[str, Any], *, micro_batch_tokens: int, logprob
 STEP_SLACK_BYTES = 3 * 2**28
 """0.75 GiB a step holds beyond the tensors :func:`step_working_set` counts: CUDA libraries'
 workspaces, the caching allocator's rounding, transformers' temporaries. An allowance read off
-the H100's steady-state peaks (step 2, AdamW's moments on the GPU during the backward pass),
-which exceeded the counted tensors by up to 0.46 GiB; those runs predate the chunked log-probs
-freeing each chunk before the next (two chunks of logits fewer at their peak)."""
+the H100's steady-state peaks (step 2, AdamW's moments on the GPU during the backward pass;
+benchmarks/RESULTS.md, "The second H100 run"), which exceeded the counted tensors by less than
+it; ``tests/test_placement_plan.py`` holds the plan above those records."""
 
 
 IPC_BUFFER_BYTES = 2**30
