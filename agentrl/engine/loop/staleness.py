@@ -23,10 +23,11 @@ admission and *holds a slot* of the batch in the making: the batch is ready once
 waiting plus the slots held make ``batch_size``, and it comes out short (the step trains what it
 has). A batch whose every slot is held comes out empty; the loop then sees why from
 :attr:`StalenessQueue.last_round` (every group solved: the task is mastered). Slots held beyond
-what a batch needed are given back when it is taken. Over a run, admission starts at most
-``(version + max_staleness + 1) * batch_size`` samples plus ``refill_groups`` groups per batch
-taken (and one round in the making): the over-sampling is bounded, and the staleness rules
-above hold for refilled groups as for any other.
+what a batch needed are given back when it is taken (counted in ``QueueStats.released``). Over
+a run, admission starts at most ``(version + max_staleness + 1) * batch_size`` samples plus
+``refill_groups`` groups per batch taken (and one round in the making) plus the samples released
+so: the over-sampling is bounded, and the staleness rules above hold for refilled groups as for
+any other.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ class QueueStats:
     """Samples of groups set aside as carrying no learning signal (refill only; never trained)."""
     refilled: int = 0
     """Groups set aside whose admission was given back for a later group (refill only)."""
+    released: int = 0
+    """Samples of slots held by set-aside groups (past the refill budget) that their batch did
+    not need, whose admission was given back when the batch was taken (refill only)."""
 
 
 @dataclass
@@ -205,6 +209,7 @@ class StalenessQueue:
         order = [g for _, g in sorted(enumerate(self._groups), key=age)]
         held = min(self.round.held, max(0, self.batch_size - len(self)))
         self.stats.started -= self.round.held - held  # slots held that this batch did not need
+        self.stats.released += self.round.held - held
         self.round.short, self.round.held = held, 0
         self.last_round, self.round = self.round, RefillRound()
         batch: list[list[Trajectory]] = []

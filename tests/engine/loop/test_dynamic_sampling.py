@@ -148,9 +148,12 @@ def test_the_sampling_budget_is_respected_and_a_short_batch_says_so(tmp_path):
     refills = int((factor - 1) * batch_groups)
     assert all(r["groups_refilled"] <= refills for r in records)
     assert any(r["groups_refilled"] == refills for r in records)
-    # over the run: the staleness window's groups plus one budget per batch (and the round in the making)
+    # over the run: the staleness window's groups plus one budget per batch (and the round in the making), plus
+    # the slots held past the budget that a batch did not need (their admission was given back: timing decides
+    # how many; seen under load, 31 groups against 30 without them)
     finished = len(run.fleet.workers[0].obj.groups)
-    assert finished <= (loop.version + s + 1) * batch_groups + (loop.version + 1) * refills
+    released = loop.queue.stats.released // run.group_size
+    assert finished <= (loop.version + s + 1) * batch_groups + (loop.version + 1) * refills + released
     short = [r for r in records if r["groups"] < batch_groups]
     assert short, "with one group in six carrying a signal, a budget of 2x runs out"
     messages = [e["message"] for e in map(json.loads, run.run_dir.metrics.read_text().splitlines()) if e["kind"] == "event"]
