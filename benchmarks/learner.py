@@ -27,6 +27,13 @@ the same objective, :func:`agentrl.algos.policy_loss`, everywhere):
   ``learner`` is what the run adds to a step. Its CPU and memory columns count the benchmark's
   own process only (the rank computes in the actor's).
 
+``--dtype bfloat16`` runs every configuration in bfloat16 as a bfloat16 run trains
+(``model.dtype = "bfloat16"``): the learner configurations under FSDP2 mixed precision
+(bfloat16 compute, float32 master weights and reductions), and ``plain`` as a plain loop does
+it (float32 weights, the forward under ``torch.autocast("cpu", dtype=torch.bfloat16)``, as
+TRL's ``bf16=True``). Each dtype writes a block of its own; the float32 and bfloat16 blocks of
+one model, run one after the other, give bfloat16's speed-up.
+
 The headline for micro-batching compares ``learner`` with the *strongest* fixed-size
 configuration of the run (the one with the higher median tokens/s), and names it.
 
@@ -133,7 +140,7 @@ def padding_fraction(lengths: list[int], plan: list[list[int]]) -> float:
 class PlainLoop:
     """The reference: the same micro-batches, forward/backward/AdamW on a bare transformers model."""
 
-    def __init__(self, model_path: str, lr: float, budget: int) -> None:
+    def __init__(self, model_path: str, lr: float, budget: int, dtype: torch.dtype = torch.float32) -> None:
         from transformers import AutoModelForCausalLM
 
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
@@ -142,6 +149,8 @@ class PlainLoop:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
         self.budget = budget
         self.settings = ObjectiveSettings()
+        self.autocast = dtype != torch.float32  # float32 weights, the forward in ``dtype`` (TRL's bf16=True)
+        self.dtype = dtype
 
     def step(self, samples: list[dict[str, Any]]) -> None:
         plan = plan_microbatches([len(s["tokens"]) for s in samples], self.budget, 1)
@@ -160,8 +169,9 @@ class PlainLoop:
                 mask[b, :n] = torch.tensor(r["loss_mask"], dtype=torch.float32)
                 behav[b, :n] = torch.tensor(r["behaviour_logprobs"])
             adv = torch.tensor([float(r["advantage"]) for r in rows])
-            logits = self.model(input_ids=ids, attention_mask=attn).logits
-            lp = token_logprobs(logits[:, :-1], ids[:, 1:])
+            with torch.autocast("cpu", dtype=self.dtype, enabled=self.autocast):
+                logits = self.model(input_ids=ids, attention_mask=attn).logits
+            lp = token_logprobs(logits[:, :-1].float(), ids[:, 1:])
             loss, _ = policy_loss(lp, behav[:, 1:], adv, mask[:, 1:], self.settings, num_tokens=n_tok)
             loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
@@ -175,7 +185,7 @@ class ActorLearner:
     per timed call, the rank's ``step_*_s`` parts and ``step_transfer_s`` (the call's time beyond
     the rank's ``train_s``)."""
 
-    def __init__(self, model: str, budget: int, threads: int) -> None:
+    def __init__(self, model: str, budget: int, threads: int, dtype: str = "float32") -> None:
         import asyncio
 
         import ray
@@ -192,7 +202,8 @@ class ActorLearner:
             placement_timeout_s=120.0, name="learner",
         )
         self.loop.run_until_complete(self.group.start(
-            {"world_size": 1, "model": model, "lr": 1e-5, "micro_batch_tokens": budget, "torch_threads": threads}))
+            {"world_size": 1, "model": model, "lr": 1e-5, "micro_batch_tokens": budget, "torch_threads": threads,
+             "dtype": dtype}))
         self.parts: list[dict[str, float]] = []
 
     def step(self, samples: list[dict[str, Any]]) -> None:
@@ -235,6 +246,8 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="a Hugging Face folder instead of the tiny model")
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS,
                     help="configurations to run (plain, the baseline, always runs)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="the run's model.dtype every configuration trains in (bfloat16: mixed precision)")
     ap.add_argument("--write", action="store_true",
                     help="put the command, batch and table in benchmarks/RESULTS.md (a block of its own)")
     args = ap.parse_args()
@@ -264,7 +277,7 @@ def main() -> None:
         def new_learner() -> Learner:
             ln = Learner(
                 rank=0, world_size=1, master_addr="127.0.0.1", master_port=free_port(), model=model, lr=1e-5,
-                micro_batch_tokens=args.budget, torch_threads=args.threads,
+                micro_batch_tokens=args.budget, torch_threads=args.threads, dtype=args.dtype,
             )
             ln.setup()
             return ln
@@ -289,12 +302,12 @@ def main() -> None:
         per_repeat: list[dict[str, float]] = []  # per repeat: median step time of each configuration
         learner = new_learner()  # one process group, reused by every learner configuration
         params_m = sum(p.numel() for p in learner.policy.parameters()) / 1e6  # tied weights counted once
-        actor = ActorLearner(model, args.budget, args.threads) if "learner-actor" in configs else None
+        actor = ActorLearner(model, args.budget, args.threads, args.dtype) if "learner-actor" in configs else None
         try:
             for rep in range(args.repeats):
                 for name in configs:
                     if name == "plain":
-                        loop = PlainLoop(model, 1e-5, args.budget)
+                        loop = PlainLoop(model, 1e-5, args.budget, getattr(torch, args.dtype))
                         step = loop.step
                     elif name == "learner-actor":
                         step = actor.step
@@ -339,7 +352,9 @@ def main() -> None:
                   f"vocabulary {vocab})")
     model_desc += f", {params_m:.1f} M parameters"
     lines = [
-        f"{run_header(started)}. Model: {model_desc}; torch {torch.__version__}, {args.threads} torch threads.",
+        f"{run_header(started)}. Model: {model_desc}; torch {torch.__version__}, {args.threads} torch threads; "
+        + ("float32." if args.dtype == "float32" else
+           "bfloat16: the learner configurations under FSDP2 mixed precision, plain under autocast over float32 weights."),
         "",
         f"Batch: {args.samples} samples, {tokens:,} tokens ({trained:,} trained), lengths {min(lengths)}..{max(lengths)} "
         f"(median {int(statistics.median(lengths))}); micro-batch budget {args.budget:,} tokens, fixed-size micro-batches "
@@ -383,7 +398,8 @@ def main() -> None:
             + ". transfer: the call's time beyond the rank's own train_s.",
         ]
     text = "\n".join(lines)
-    emit(text, f"learner {' '.join(configs)} {model_name}", args.write, section="learner")
+    key = f"learner {' '.join(configs)} {model_name}" + ("" if args.dtype == "float32" else f" {args.dtype}")
+    emit(text, key, args.write, section="learner")
 
 
 if __name__ == "__main__":

@@ -98,7 +98,8 @@ than TRL's first checkpoint at or above it; met when that holds in more than hal
 Any other recipe (a real model: smol_calc), issue 34: >= 1.5x the samples per second, and TRL's
 final accuracy reached in <= 2/3 of TRL's RL-loop seconds to it, in more than half of the seeds.
 Both parts must hold. The results go to RESULTS.md's block ``trl_peer`` for tiny_calc and
-``trl_peer <recipe name>`` for any other (:func:`result_key`), so that both stand side by side.
+``trl_peer <recipe name>`` for any other (:func:`result_key`), so that both stand side by side;
+a bfloat16 run's block adds the dtype (``trl_peer smol_calc bfloat16``).
 
 The TRL setup, and what differs from agentrl's
 -----------------------------------------------
@@ -238,11 +239,14 @@ GOALS = {"tiny_calc": TINY_GOAL}
 """The goal per recipe name; every other recipe (a real model) gets :data:`REAL_MODEL_GOAL`."""
 
 
-def result_key(recipe_name: str) -> str:
+def result_key(recipe_name: str, dtype: str = "float32") -> str:
     """The RESULTS.md block of a recipe's comparison: ``trl_peer`` for ``tiny_calc`` (the block
     the first comparisons wrote), ``trl_peer <name>`` for any other, so that each recipe's block
-    stands beside the others."""
-    return "trl_peer" if recipe_name == "tiny_calc" else f"trl_peer {recipe_name}"
+    stands beside the others; a run in another dtype than float32 (``dtype``, the resolved
+    ``model.dtype``) gets a block of its own beside its recipe's float32 one
+    (``trl_peer smol_calc bfloat16``)."""
+    key = "trl_peer" if recipe_name == "tiny_calc" else f"trl_peer {recipe_name}"
+    return key if dtype == "float32" else f"{key} {dtype}"
 
 
 @dataclass(frozen=True)
@@ -1236,7 +1240,7 @@ def main() -> None:
         raise SystemExit(f"no SFT checkpoint at {ROOT / args.sft}: make it first with the recipe's SFT stage:\n  "
                          f"{sft_command(args.recipe, args.sft)}")
     print(f"{args.recipe}: {args.peer.episodes_per_step} episodes a step, {args.steps} steps, {args.dtype}; "
-          f"results block {args.peer.key!r}", flush=True)
+          f"results block {result_key(args.peer.name, args.dtype)!r}", flush=True)
     started = time.time()
     out = ROOT / args.out
     seed_dirs = {s: out / f"seed{s}" for s in seeds}
@@ -1251,7 +1255,7 @@ def main() -> None:
     if failed:
         raise SystemExit(f"not reported: these runs failed (the others are kept under {out}; rerun with --reuse once they are "
                          "fixed):\n  " + "\n  ".join(failed))
-    emit(report(args, runs, seed_dirs, started), args.peer.key, args.write, section="A peer: TRL's GRPOTrainer")
+    emit(report(args, runs, seed_dirs, started), result_key(args.peer.name, args.dtype), args.write, section="A peer: TRL's GRPOTrainer")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,10 @@ One warm-up update each way comes first and is not counted. Reports medians of t
 (learner side + generator side) and of the generation stall (pause to resume), and their ratios;
 forming the gloo group (the rendezvous, once per engine) is timed and reported on its own.
 ``medium`` is a randomly initialised Qwen2 of ~30 M parameters with the tiny model's tokenizer.
+``--dtype bfloat16`` measures what a bfloat16 run sends: the engine serves bfloat16, each
+version is written in bfloat16 (half the bytes) and the gloo broadcast carries bfloat16; the
+trainer side keeps float32 weights, as the learner's master weights, and casts as it sends. Its
+block stands beside the float32 one (the key ends in the dtype).
 ``--write`` puts the command, date, machine and table in ``benchmarks/RESULTS.md``, in a marked
 block of its own (the prose around it is written by people).
 
@@ -50,7 +54,7 @@ def _medium(tiny: str, out: Path) -> str:
     return str(out)
 
 
-async def _measure(model: str, repeats: int, scratch: Path) -> dict[str, Any]:
+async def _measure(model: str, repeats: int, scratch: Path, dtype: str = "float32") -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     from agentrl.engine.generation.generator import EngineSettings, VllmGenerator
@@ -62,7 +66,8 @@ async def _measure(model: str, repeats: int, scratch: Path) -> dict[str, Any]:
     )
     from agentrl.models.hf_folder import write_hf_folder
 
-    g = VllmGenerator(EngineSettings(model=model, max_model_len=512, kv_cache_gib=0.2, weight_transfer="gloo"), timeout_s=300)
+    wire = getattr(torch, dtype)
+    g = VllmGenerator(EngineSettings(model=model, dtype=dtype, max_model_len=512, kv_cache_gib=0.2, weight_transfer="gloo"), timeout_s=300)
     await g.start()
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
     params = sum(p.numel() for p in hf.parameters())
@@ -71,7 +76,7 @@ async def _measure(model: str, repeats: int, scratch: Path) -> dict[str, Any]:
     t0 = time.monotonic()
     engine = await asyncio.to_thread(
         trainer_connect, "gloo", rank=0, address=address, port=port, world_size=2, client=client,
-        source=model_source(hf, torch.float32), timeout_s=300.0,
+        source=model_source(hf, wire), timeout_s=300.0,
     )
     rendezvous = time.monotonic() - t0
     rows: dict[str, list[float]] = {k: [] for k in ("disk_write", "disk_stall", "disk_total", "gloo_stall", "gloo_total")}
@@ -79,7 +84,7 @@ async def _measure(model: str, repeats: int, scratch: Path) -> dict[str, Any]:
     for rep in range(repeats + 1):  # the first round is a warm-up, not counted
         version += 1
         t0 = time.monotonic()
-        path = write_hf_folder(hf.state_dict(), hf.config, scratch / f"v{version}")
+        path = write_hf_folder(hf.state_dict(), hf.config, scratch / f"v{version}", dtype=None if dtype == "float32" else wire)
         write = time.monotonic() - t0
         stall = await g.update_weights(version, str(path))
         disk = {"disk_write": write, "disk_stall": stall, "disk_total": time.monotonic() - t0,
@@ -145,12 +150,12 @@ async def main_async(args: argparse.Namespace) -> None:
         models = {"tiny": args.model}
         if "medium" in args.sizes:
             models["medium"] = _medium(args.model, scratch / "medium")
-        results = {name: await _measure(models[name], args.repeats, scratch / name / "versions") for name in args.sizes}
+        results = {name: await _measure(models[name], args.repeats, scratch / name / "versions", args.dtype) for name in args.sizes}
         if args.lora_rank:
             for name in args.sizes:
                 results[name].update(await _measure_adapter(models[name], args.repeats, scratch / name / "adapters", args.lora_rank))
     lines = [
-        f"{run_header()}. One vLLM engine (CPU); one warm-up update each way, "
+        f"{run_header()}. One vLLM engine (CPU, {args.dtype}; versions written and sent in {args.dtype}); one warm-up update each way, "
         f"then {args.repeats} each way, alternating; medians, seconds. The gloo group is formed once per "
         "engine (its rendezvous is its own column, not in the totals).",
         "",
@@ -181,7 +186,8 @@ async def main_async(args: argparse.Namespace) -> None:
                 f"{r['adapter_total'] / r['disk_total']:.2f} | {r['adapter_total'] / r['gloo_total']:.2f} |"
             )
     text = "\n".join(lines)
-    emit(text, f"weight_sync {' '.join(args.sizes)} {Path(args.model).name}", args.write)
+    key = f"weight_sync {' '.join(args.sizes)} {Path(args.model).name}" + ("" if args.dtype == "float32" else f" {args.dtype}")
+    emit(text, key, args.write)
 
 
 def main() -> None:
@@ -190,6 +196,8 @@ def main() -> None:
     ap.add_argument("--sizes", nargs="+", default=["tiny", "medium"], choices=["tiny", "medium"])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--lora-rank", type=int, default=0, help="also measure LoRA adapter updates of this rank (0: no)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="the engine's dtype and the dtype versions are written and sent in (the run's model.dtype)")
     ap.add_argument("--write", action="store_true", help="put the table and the command in benchmarks/RESULTS.md (a block of its own)")
     args = ap.parse_args()
     if not Path(args.model).is_dir():

@@ -14,7 +14,8 @@ __all__ = ["prepare_model"]
 
 def prepare_model(recipe: Recipe, rows: list[dict[str, Any]], log: Any = None) -> str:
     """Return the model to load; first build a tiny one (``[model] build``) or import a GGUF one
-    (``[model] import``) there when the recipe asks and ``model.path`` is missing or empty."""
+    (``[model] import``, in float32 whatever ``model.dtype`` is) there when the recipe asks and
+    ``model.path`` is missing or empty."""
     path = Path(recipe.model.path).absolute()  # actors on other nodes do not share our working directory
     plan = plan_model(recipe.model.path, recipe.model.build, recipe.model.import_)
     if plan.action == "use":
@@ -22,9 +23,12 @@ def prepare_model(recipe: Recipe, rows: list[dict[str, Any]], log: Any = None) -
     if plan.action == "import":
         from agentrl.models.importing import import_model
 
+        # float32 whatever the run computes in: the GGUF's dequantised weights exactly, so a folder
+        # imported once starts a float32 run and a bfloat16 one (float32 master weights under
+        # mixed precision) alike; vLLM casts to the run's dtype as it loads.
         if log:
-            log.event(f"importing {recipe.model.import_} to {path} ({recipe.model.dtype})")
-        import_model(recipe.model.import_, path, dtype=recipe.model.dtype, overwrite=True)
+            log.event(f"importing {recipe.model.import_} to {path} (float32)")
+        import_model(recipe.model.import_, path, dtype="float32", overwrite=True)
         return str(path)
     from agentrl.envs.corpus import tokenizer_corpus
     from agentrl.models.tiny import TinyModelSpec, build_tiny_model

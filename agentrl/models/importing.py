@@ -322,8 +322,10 @@ def _convert(source: str, path: Path, arch: str, out: Path, torch_dtype: Any, dt
         with _gguf_read_once():
             config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
             tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, config=config)
+            # Dequantised in float32, transformers' fast path for packed GGUF weights (asked for
+            # bfloat16, it casts around every kernel and says so); cast to ``dtype`` below.
             loaded = AutoModelForCausalLM.from_pretrained(
-                str(path.parent), gguf_file=path.name, config=config, dtype=torch_dtype
+                str(path.parent), gguf_file=path.name, config=config, dtype=torch.float32
             )
     except Exception as e:
         raise ModelError(f"cannot import {source!r}: transformers could not load {path} ({_describe(e)})") from e
@@ -334,7 +336,7 @@ def _convert(source: str, path: Path, arch: str, out: Path, torch_dtype: Any, dt
         del config.quantization_config
     config.dtype = torch_dtype
     config.name_or_path = out.name  # the GGUF's general.name otherwise
-    state = loaded.state_dict()
+    state = {k: v.to(torch_dtype) for k, v in loaded.state_dict().items()}
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
     try:

