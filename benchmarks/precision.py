@@ -17,7 +17,9 @@ generated tokens, the 99th percentile, and the share of tokens whose importance 
 ``exp(|delta|)`` is off by more than 1 % (|delta| > 0.01); then per side the time each dtype took,
 and ``auto``'s choice on this machine (:func:`agentrl.dtype_plan.plan_dtype`).
 
-``--write`` puts it in ``benchmarks/RESULTS.md`` (block ``precision <model>``).
+``--write`` puts it in ``benchmarks/RESULTS.md`` (block ``precision <model>`` on a CPU without bfloat16
+units, ``precision <model> <units>`` on one with them, as torch reports them: ``avx512_bf16``,
+``amx``), so that both kinds of machine keep their figures.
 
     .venv/bin/python benchmarks/precision.py --model runs/models/smollm2-135m-instruct --write
 """
@@ -112,7 +114,7 @@ def main() -> None:
         raise SystemExit(f"{args.model}: not a folder")
     import torch
 
-    from agentrl.dtype_plan import measure_cpu_bf16_speedup, plan_dtype
+    from agentrl.dtype_plan import cpu_bf16_units, measure_cpu_bf16_speedup, plan_dtype
     from agentrl.models.loading import load_tokenizer
 
     started = time.time()
@@ -172,7 +174,10 @@ def main() -> None:
     for d in args.dtypes:
         lines.append(f"| {d} | {sampled[d][1]:.1f} | {1e3 * sampled[d][2]:.1f} | {step_s[d]:.2f} |")
     lines += ["", f"`model.dtype = \"auto\"` on this machine resolves to {plan.dtype}: {plan.reason.removeprefix('auto: ')}."]
-    emit("\n".join(lines), f"precision {Path(args.model).name}", args.write, section="SmolLM2-135M-Instruct (a real pretrained model)")
+    # one block per kind of CPU: with bfloat16 units the costs (and the kernels' rounding) differ
+    units = cpu_bf16_units()
+    key = f"precision {Path(args.model).name}" + ("" if units == "none" else f" {units}")
+    emit("\n".join(lines), key, args.write, section="SmolLM2-135M-Instruct (a real pretrained model)")
 
 
 if __name__ == "__main__":
