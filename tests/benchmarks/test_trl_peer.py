@@ -247,12 +247,13 @@ def test_defaults_follow_the_recipe_and_the_dtype_is_given_to_agentrl_only_for_a
         peer.fill_defaults(args, _recipe(name, *overrides))
         return args
 
-    tiny, smol = filled("tiny_calc"), filled("smol_calc")
+    # a recipe that names its dtype (smol_calc asks for "auto" since bfloat16 on CPUs, so it is named here)
+    tiny, smol = filled("tiny_calc"), filled("smol_calc", 'model.dtype="float32"')
     assert (tiny.steps, tiny.save_every, tiny.sft, tiny.out, tiny.dtype) == (120, 20, "runs/tiny_calc/sft", "runs/bench_trl_peer", "float32")
     assert (smol.steps, smol.save_every, smol.sft, smol.out, smol.dtype) == (20, 5, "runs/smol_calc/sft", "runs/bench_trl_peer_smol_calc",
                                                                            "float32")
     assert peer.dtype_overrides(smol) == []
-    auto = filled("smol_calc", 'model.dtype="auto"')
+    auto = filled("smol_calc")  # the recipe's own "auto": resolved on this machine, given to agentrl's runs
     assert auto.dtype in ("float32", "bfloat16") and peer.dtype_overrides(auto) == [f'model.dtype="{auto.dtype}"']
 
 
