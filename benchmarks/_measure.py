@@ -135,6 +135,13 @@ def write_block(key: str, text: str, path: str = RESULTS, section: str | None = 
         f.write(doc)
 
 
+def dtype_key(key: str, dtype: str) -> str:
+    """The RESULTS.md block key of a measurement in ``dtype``: ``key`` itself for float32 (the
+    blocks written before bfloat16 runs existed), ``key`` and the dtype otherwise, so that a
+    bfloat16 block stands beside its float32 one."""
+    return key if dtype == "float32" else f"{key} {dtype}"
+
+
 def emit(text: str, key: str, write: bool, section: str | None = None) -> None:
     """Print a benchmark's results ``text``; with ``write`` (the ``--write`` flag) also put it in
     the ``key`` block of RESULTS.md (:func:`write_block`, first placed in ``section``)."""

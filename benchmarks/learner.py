@@ -78,7 +78,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from _measure import PeakRSS, run_header, emit  # noqa: E402
+from _measure import PeakRSS, dtype_key, run_header, emit  # noqa: E402
 
 from agentrl.algos import ObjectiveSettings, policy_loss  # noqa: E402
 from agentrl.engine.training import fsdp_rank as planner_mod  # noqa: E402  (the module whose planner a rank calls)
@@ -398,8 +398,7 @@ def main() -> None:
             + ". transfer: the call's time beyond the rank's own train_s.",
         ]
     text = "\n".join(lines)
-    key = f"learner {' '.join(configs)} {model_name}" + ("" if args.dtype == "float32" else f" {args.dtype}")
-    emit(text, key, args.write, section="learner")
+    emit(text, dtype_key(f"learner {' '.join(configs)} {model_name}", args.dtype), args.write, section="learner")
 
 
 if __name__ == "__main__":

@@ -190,7 +190,7 @@ from statistics import mean, median
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _measure import agentrl_train, emit, eval_curve, run_header
+from _measure import agentrl_train, dtype_key, emit, eval_curve, run_header
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = "recipes/tiny_calc.toml"
@@ -245,8 +245,7 @@ def result_key(recipe_name: str, dtype: str = "float32") -> str:
     stands beside the others; a run in another dtype than float32 (``dtype``, the resolved
     ``model.dtype``) gets a block of its own beside its recipe's float32 one
     (``trl_peer smol_calc bfloat16``)."""
-    key = "trl_peer" if recipe_name == "tiny_calc" else f"trl_peer {recipe_name}"
-    return key if dtype == "float32" else f"{key} {dtype}"
+    return dtype_key("trl_peer" if recipe_name == "tiny_calc" else f"trl_peer {recipe_name}", dtype)
 
 
 @dataclass(frozen=True)
@@ -1239,8 +1238,9 @@ def main() -> None:
     if not (ROOT / args.sft / "config.json").is_file():
         raise SystemExit(f"no SFT checkpoint at {ROOT / args.sft}: make it first with the recipe's SFT stage:\n  "
                          f"{sft_command(args.recipe, args.sft)}")
+    key = result_key(args.peer.name, args.dtype)
     print(f"{args.recipe}: {args.peer.episodes_per_step} episodes a step, {args.steps} steps, {args.dtype}; "
-          f"results block {result_key(args.peer.name, args.dtype)!r}", flush=True)
+          f"results block {key!r}", flush=True)
     started = time.time()
     out = ROOT / args.out
     seed_dirs = {s: out / f"seed{s}" for s in seeds}
@@ -1255,7 +1255,7 @@ def main() -> None:
     if failed:
         raise SystemExit(f"not reported: these runs failed (the others are kept under {out}; rerun with --reuse once they are "
                          "fixed):\n  " + "\n  ".join(failed))
-    emit(report(args, runs, seed_dirs, started), result_key(args.peer.name, args.dtype), args.write, section="A peer: TRL's GRPOTrainer")
+    emit(report(args, runs, seed_dirs, started), key, args.write, section="A peer: TRL's GRPOTrainer")
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _measure import emit, run_header
+from _measure import dtype_key, emit, run_header
 
 
 def _medium(tiny: str, out: Path) -> str:
@@ -186,8 +186,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 f"{r['adapter_total'] / r['disk_total']:.2f} | {r['adapter_total'] / r['gloo_total']:.2f} |"
             )
     text = "\n".join(lines)
-    key = f"weight_sync {' '.join(args.sizes)} {Path(args.model).name}" + ("" if args.dtype == "float32" else f" {args.dtype}")
-    emit(text, key, args.write)
+    emit(text, dtype_key(f"weight_sync {' '.join(args.sizes)} {Path(args.model).name}", args.dtype), args.write)
 
 
 def main() -> None:
