@@ -881,11 +881,12 @@ def read_agentrl(seed: int, seed_dir: Path, episodes_per_step: int) -> Run:
 
 
 def in_run_checkpoints(run_dir: Path) -> tuple[int, float]:
-    """agentrl's in-run checkpoints (its ``checkpoint step_N (X s)`` events): how many, and their
-    seconds together (inside its RL-loop clock)."""
+    """agentrl's in-run checkpoints (its ``checkpoint step_N (X s)`` events, ``(X s; written in the
+    background, ...)`` with ``checkpoint.background``): how many, and the seconds they held the
+    loop together (inside its RL-loop clock)."""
     import re
 
-    pattern = re.compile(r"^checkpoint step_\d+ \(([\d.]+) s\)$")
+    pattern = re.compile(r"^checkpoint step_\d+ \(([\d.]+) s(?:\)|;.*\))$")
     seconds = [float(m.group(1)) for r in _records(run_dir) if r.get("kind") == "event" and (m := pattern.match(r.get("message", "")))]
     return len(seconds), sum(seconds)
 

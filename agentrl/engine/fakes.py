@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -297,17 +298,34 @@ class FakeWorker:
 
 
 class _StepCheckpoints:
-    """What the fake ranks share: a checkpoint holds the step (written by rank 0); shutting down does nothing."""
+    """What the fake ranks share: a checkpoint holds the step (written by rank 0), in place on
+    return, or with ``background`` in a hidden sibling until ``finish_checkpoint`` (as the real
+    ranks write theirs in a thread); shutting down does nothing."""
 
     rank: int
     step: int
+    _pending_checkpoint: tuple[Path, Path] | None = None
 
-    def save_checkpoint(self, folder: str) -> None:
+    def save_checkpoint(self, folder: str, background: bool = False) -> None:
+        self.finish_checkpoint()
+        final = Path(folder)
+        target = final.with_name(f".{final.name}.tmp") if background else final
         if self.rank == 0:
-            Path(folder).mkdir(parents=True, exist_ok=True)
-            (Path(folder) / "trainer_state.json").write_text(json.dumps({"step": self.step}))
+            target.mkdir(parents=True, exist_ok=True)
+            (target / "trainer_state.json").write_text(json.dumps({"step": self.step}))
+        if background:
+            self._pending_checkpoint = (target, final)
+
+    def finish_checkpoint(self) -> dict[str, Any] | None:
+        pending, self._pending_checkpoint = self._pending_checkpoint, None
+        if pending is None:
+            return None
+        if self.rank == 0:
+            os.replace(*pending)
+        return {"path": str(pending[1]), "wait_s": 0.0}
 
     def load_checkpoint(self, folder: str) -> None:
+        self._pending_checkpoint = None
         self.step = json.loads((Path(folder) / "trainer_state.json").read_text())["step"]
 
     def shutdown(self) -> None:

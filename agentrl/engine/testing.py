@@ -135,7 +135,8 @@ class FakeRun:
     :class:`FakeRewardModel` that does too; ``reward_restarts``: replace a dead one of them at most
     this many times (None: no replacement, :mod:`agentrl.engine.rewards.reward_actors`);
     ``start_model``: the folder RL starts from, for a learner death before the first checkpoint
-    (None: such a death is an error).
+    (None: such a death is an error); ``background_checkpoints``: the ranks write checkpoints in
+    the background (``checkpoint.background``).
     """
 
     def __init__(
@@ -146,6 +147,7 @@ class FakeRun:
         dynamic_sampling: str = "off", max_sampling_factor: float = 3.0, solved_reward: float = 1.0,
         worker_restarts: int | None = None, colocated: bool = False, sleep_level: int = 0, offload_learner: bool = False,
         judges: int = 0, reward_model: bool = False, reward_restarts: int | None = 2, start_model: str | None = None,
+        background_checkpoints: bool = False,
     ) -> None:
         import functools
 
@@ -168,6 +170,7 @@ class FakeRun:
         self.num_workers = num_workers
         self.checkpoint_every, self.max_restarts = checkpoint_every, max_restarts
         self.start_model = start_model
+        self.background_checkpoints = background_checkpoints
         self.worker_kwargs = dict(worker or {})
         from agentrl.engine.rewards.reward_actors import RewardActors
 
@@ -255,7 +258,8 @@ class FakeRun:
             await self.learners.call("load_checkpoint", str(self.run_dir.checkpoint(state.version) / "learner"), what="loading the learner checkpoint")
             if self.critic is not None:
                 await self.critic.call("load_checkpoint", str(self.run_dir.checkpoint(state.version) / "critic"), what="loading the critic checkpoint")
-        checkpointer = RunCheckpointer(run_dir=self.run_dir, learners=self.learners, keep=2, tokenizer=None, log=self.log, critic=self.critic)
+        checkpointer = RunCheckpointer(run_dir=self.run_dir, learners=self.learners, keep=2, tokenizer=None, log=self.log, critic=self.critic,
+                                       background=self.background_checkpoints)
         failover = LearnerFailover(
             run_dir=self.run_dir, learners=self.learners, fleet=self.fleet, publisher=self.publisher,
             learner_kwargs=lambda weights: {}, max_restarts=self.max_restarts, log=self.log, critic=self.critic,

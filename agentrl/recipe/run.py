@@ -94,6 +94,12 @@ class CheckpointConfig(Section):
     """Also write a checkpoint every this many learner steps; 0 = not by step count."""
     keep: int = Field(2, gt=0)
     """Complete checkpoints kept on disk."""
+    background: bool = True
+    """The learner (and critic) ranks copy their state to host memory and write it in a thread
+    while training goes on; the checkpoint appears in ``checkpoints/`` after the next learner step
+    (or when the run stops). Costs a second copy of the weights and optimizer state in host
+    memory while it is written (about 12 bytes a trained parameter with AdamW in float32);
+    false: training waits for the write."""
     resume: bool = True
     """Resume from the newest checkpoint in the run directory when there is one (``agentrl train
     --fresh`` starts over instead, keeping the old run beside it)."""

@@ -9,6 +9,7 @@ one test imports TRL (about 10-20 s) to check that it accepts the config."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -111,6 +112,14 @@ def _agentrl_records() -> list[dict]:
         {"kind": "event", "time": 19.5, "message": "checkpoint step_3 (0.4 s)"},
         {"kind": "eval", "time": 25.0, "version": 3, "eval_s": 5.0, "accuracy": 0.6},  # the final one: after the loop
     ]
+
+
+def test_in_run_checkpoints_reads_both_event_forms(tmp_path) -> None:
+    lines = [*_agentrl_records(), {"kind": "event", "time": 30.0, "message": "checkpoint step_000006 (0.7 s; written in the background, 0.0 s waited for at the end)"},
+             {"kind": "event", "time": 31.0, "message": "checkpoint step_000002 was dropped"}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    n, seconds = peer.in_run_checkpoints(tmp_path)
+    assert n == 2 and seconds == pytest.approx(0.4 + 0.7)
 
 
 def test_agentrl_rl_clock_takes_out_only_the_evaluations_inside_the_loop() -> None:

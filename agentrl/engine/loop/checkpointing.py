@@ -10,6 +10,7 @@ import asyncio
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from agentrl.engine.generation.fleet import EventLog
@@ -25,16 +26,32 @@ from agentrl.engine.loop.run_state import (
 __all__ = ["RunCheckpointer"]
 
 
+@dataclass
+class _Pending:
+    """A run checkpoint whose learner (and critic) state is still being written in the
+    background: its hidden folder, where it goes, its version and the seconds the loop waited
+    for it so far."""
+
+    tmp: Path
+    final: Path
+    version: int
+    held_s: float
+
+
 class RunCheckpointer:
     """Writes checkpoints of a run; keeps the newest ``keep``.
 
     ``tokenizer``: the folder or hub id the run's tokenizer is read from (saved into each
     checkpoint's weights, so a checkpoint is self-contained; None saves none). ``critic``: PPO's
-    critic group, saved into ``critic/`` (None: no critic)."""
+    critic group, saved into ``critic/`` (None: no critic). ``background``: the learner (and
+    critic) ranks write their state in a thread while training goes on (see
+    :meth:`agentrl.engine.training.fsdp_rank.FsdpRank.save_state`); the checkpoint appears in
+    ``checkpoints/`` at :meth:`finish`, which the loop calls after the next learner step, and
+    which :meth:`save` calls first. False: :meth:`save` returns with the checkpoint in place."""
 
     def __init__(
         self, *, run_dir: RunDir, learners: LearnerGroup, keep: int, tokenizer: str | None, log: EventLog,
-        critic: LearnerGroup | None = None,
+        critic: LearnerGroup | None = None, background: bool = False,
     ) -> None:
         self.run_dir = run_dir
         self.learners = learners
@@ -42,6 +59,8 @@ class RunCheckpointer:
         self.keep = keep
         self.tokenizer = tokenizer
         self.log = log
+        self.background = background
+        self._pending: _Pending | None = None
 
     def _add_tokenizer(self, exported: Path, weights: Path) -> None:
         """Put the run's tokenizer beside the checkpoint's weights: the files the learner's
@@ -57,27 +76,69 @@ class RunCheckpointer:
 
         load_tokenizer(self.tokenizer).save_pretrained(weights)
 
+    @property
+    def pending(self) -> int | None:
+        """The version of the checkpoint being written in the background, or None."""
+        return self._pending.version if self._pending is not None else None
+
     async def save(self, state: RunState) -> Path:
-        """Write ``checkpoints/step_N`` for ``state`` (N = ``state.version``); its folder."""
+        """Write ``checkpoints/step_N`` for ``state`` (N = ``state.version``); its folder (in
+        place on return unless :attr:`background`: then at :meth:`finish`)."""
+        await self.finish()
         root = self.run_dir.checkpoints
         final = self.run_dir.checkpoint(state.version)
         tmp = root / f".{final.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         t0 = time.monotonic()
-        await self.learners.call("save_checkpoint", str(tmp / "learner"), what=f"saving learner checkpoint {state.version}")
+        bg = self.background
+        await self.learners.call("save_checkpoint", str(tmp / "learner"), background=bg, what=f"saving learner checkpoint {state.version}")
         if self.critic is not None:
-            await self.critic.call("save_checkpoint", str(tmp / "critic"), what=f"saving critic checkpoint {state.version}")
+            await self.critic.call("save_checkpoint", str(tmp / "critic"), background=bg, what=f"saving critic checkpoint {state.version}")
         published = self.run_dir.weights_version(state.version)
         if published.exists():  # hard links: no copy, and pruning the version later keeps them
             await asyncio.to_thread(link_tree, published, tmp / "weights")
         else:  # a collective weight sync wrote no folder for this version: the learner writes one
             await self.learners.call("publish", str(tmp / "weights"), serving_dtype=True, what=f"writing the weights of checkpoint {state.version}")
-        if self.tokenizer is not None and not (tmp / "weights" / "tokenizer_config.json").exists():  # never write into a linked file
-            await asyncio.to_thread(self._add_tokenizer, tmp / "learner" / "hf", tmp / "weights")
         write_checkpoint_state(tmp, state)
-        await asyncio.to_thread(shutil.rmtree, final, True)
-        os.replace(tmp, final)
-        await asyncio.to_thread(prune_checkpoints, self.run_dir.root, self.keep)
-        self.log.event(f"checkpoint {final.name} ({time.monotonic() - t0:.1f} s)", step=state.version)
+        self._pending = _Pending(tmp, final, state.version, time.monotonic() - t0)
+        if not bg:
+            await self.finish()
         return final
+
+    async def finish(self) -> Path | None:
+        """Put the checkpoint being written in the background in place (waiting for the ranks'
+        writes to end) and prune the old ones; its folder, or None when none was pending. A
+        failed write raises (a dead rank: LearnerDied); the checkpoint is then dropped."""
+        pending = self._pending
+        if pending is None:
+            return None
+        t0 = time.monotonic()
+        waits: list[float] = []
+        try:
+            if self.background:
+                for group, name in ((self.learners, "learner"), (self.critic, "critic")):
+                    if group is not None:
+                        done = await group.call("finish_checkpoint", what=f"writing the {name} state of checkpoint {pending.version}")
+                        waits += [d["wait_s"] for d in done if d]
+            weights = pending.tmp / "weights"
+            if self.tokenizer is not None and not (weights / "tokenizer_config.json").exists():  # never write into a linked file
+                await asyncio.to_thread(self._add_tokenizer, pending.tmp / "learner" / "hf", weights)
+            await asyncio.to_thread(shutil.rmtree, pending.final, True)
+            os.replace(pending.tmp, pending.final)
+        except BaseException:
+            self.drop()
+            raise
+        self._pending = None
+        await asyncio.to_thread(prune_checkpoints, self.run_dir.root, self.keep)
+        held_s = pending.held_s + time.monotonic() - t0
+        extra = f"; written in the background, {max(waits):.1f} s waited for at the end" if self.background and waits else ""
+        self.log.event(f"checkpoint {pending.final.name} ({held_s:.1f} s{extra})", step=pending.version)
+        return pending.final
+
+    def drop(self) -> None:
+        """Forget the checkpoint being written in the background (its ranks died or were
+        restarted): its hidden folder is removed; the newest checkpoint in place stays the newest."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            shutil.rmtree(pending.tmp, ignore_errors=True)

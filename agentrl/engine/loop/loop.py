@@ -115,14 +115,17 @@ class RLLoop:
     """Turns the loop from ``version`` to ``settings.max_steps``: ``await RLLoop(...).run()``.
 
     ``rows``: the dataset; ``log``: a MetricsLogger; ``checkpoint``: writes a checkpoint of a
-    :class:`RunState` (None: never); ``evaluate``: an evaluation (None: never); ``clock``: seconds,
+    :class:`RunState` (None: never); ``finish_checkpoint``: puts a checkpoint written in the
+    background in place (called after the learner step that follows it, and when the loop
+    ends; None: checkpoints are in place when ``checkpoint`` returns); ``evaluate``: an evaluation (None: never); ``clock``: seconds,
     monotonic (for throughput and utilisation); ``critic``: PPO's critic (per-token GAE
     advantages, trained beside the policy; None: the batch estimator ``batch.advantage``)."""
 
     def __init__(
         self, *, rows: Sequence[dict[str, Any]], queue: StalenessQueue, ledger: PromptLedger, fleet: GeneratorFleet,
         publisher: WeightPublisher, learners: LearnerGroup, batch: BatchSettings, settings: LoopSettings, log: Any,
-        run_dir: RunDir, checkpoint: Callable[[RunState], Awaitable[Any]] | None = None, evaluate: Evaluation | None = None,
+        run_dir: RunDir, checkpoint: Callable[[RunState], Awaitable[Any]] | None = None,
+        finish_checkpoint: Callable[[], Awaitable[Any]] | None = None, evaluate: Evaluation | None = None,
         version: int = 0, clock: Callable[[], float] = time.monotonic, hooks: Sequence[LoopHook] = (),
         critic: CriticStage | None = None, rollout_failover: RolloutFailover | None = None,
         reward_actors: Mapping[str, ActorSlots] | None = None,
@@ -149,6 +152,7 @@ class RLLoop:
         self.log = log
         self.run_dir = run_dir
         self.checkpoint = checkpoint
+        self.finish_checkpoint = finish_checkpoint
         self.evaluate = evaluate
         self.version = version
         """The learner's weight version (= learner steps done)."""
@@ -204,6 +208,8 @@ class RLLoop:
                 await self._wait_round()
         finally:
             self._abandon_in_flight()
+        if self.finish_checkpoint is not None:
+            await self.finish_checkpoint()
         await self.fleet.finish_reload()  # the final evaluation runs on the final weights
         await self._log_utilisation()
         return self.version
@@ -352,6 +358,8 @@ class RLLoop:
 
     async def _step_done(self, stats: dict[str, Any]) -> None:
         s = self.settings
+        if self.finish_checkpoint is not None:  # the previous checkpoint was written while this step trained
+            await self.finish_checkpoint()
         self.version = version = stats["version"]
         self.learner_busy_s += stats["learner_busy_s"]
         examples = stats.pop("_examples", [])

@@ -11,6 +11,7 @@ two cannot put the loop together differently.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from agentrl.engine.loop.rollout_failover import RolloutFailover
 from agentrl.engine.loop.run_state import RunState
 from agentrl.engine.loop.staleness import StalenessQueue
 from agentrl.engine.training.learner_group import LearnerGroup
+from agentrl.errors import LearnerDied
 
 __all__ = ["LoopRun"]
 
@@ -78,8 +80,26 @@ class LoopRun:
         loop = RLLoop(
             rows=self.rows, queue=queue, ledger=ledger, fleet=self.fleet, publisher=self.publisher, learners=self.learners,
             batch=self.batch, settings=self.settings, log=self.log, run_dir=self.run_dir,
-            checkpoint=self.checkpointer.save, evaluate=self.evaluator, version=at.version if at is not None else 0,
+            checkpoint=self.checkpointer.save, finish_checkpoint=self.checkpointer.finish, evaluate=self.evaluator, version=at.version if at is not None else 0,
             hooks=list(self.hooks), critic=self.critic, rollout_failover=self.rollout_failover, reward_actors=self.reward_actors,
         )
-        await loop.run()
+        self.checkpointer.drop()  # one an earlier attempt was writing when its rank died: never finished
+        try:
+            await loop.run()
+        except LearnerDied:
+            raise  # its checkpoint in the background is dropped by the next attempt, or stays hidden
+        except BaseException:  # a stop (Ctrl-C) or an error: keep what the ranks are writing
+            await self._finish_checkpoint_after_error()
+            raise
         return loop
+
+    async def _finish_checkpoint_after_error(self) -> None:
+        """Put a checkpoint being written in the background in place as the loop stops on an
+        error or a stop, so that a resume goes on from it; if that fails too, it is dropped and
+        the loop's own error is the one reported."""
+        if self.checkpointer.pending is None:
+            return
+        try:
+            await asyncio.shield(self.checkpointer.finish())
+        except BaseException as exc:  # noqa: BLE001 - the loop's error is the one that matters
+            self.log.event(f"the checkpoint being written when the loop stopped was dropped: {exc}")

@@ -27,6 +27,7 @@ import random
 import shutil
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,11 @@ __all__ = [
     "save_rng_state",
     "load_rng_state",
     "save_sharded_state",
+    "start_sharded_save",
     "load_sharded_state",
     "collective_folder",
+    "open_collective_folder",
+    "close_collective_folder",
 ]
 
 CHECKPOINT_FORMAT = 1
@@ -96,12 +100,10 @@ def load_rng_state(path: Path) -> None:
     np.random.set_state((name, keys.numpy().astype("uint32"), pos, has_gauss, cached))
 
 
-@contextlib.contextmanager
-def collective_folder(final: Path, rank: int, subdirs: tuple[str, ...] = ()) -> Iterator[Path]:
-    """A folder every rank of the default process group writes into, appearing at ``final``
-    atomically: rank 0 makes a hidden sibling (with ``subdirs``), every rank writes into it (the
-    value of the ``with``), then rank 0 renames it into place, replacing what was there. Barriers
-    keep the ranks in step; a failure inside leaves ``final`` as it was."""
+def open_collective_folder(final: Path, rank: int, subdirs: tuple[str, ...] = ()) -> Path:
+    """The hidden sibling of ``final`` that every rank of the default process group writes into
+    (collective): rank 0 makes it afresh (with ``subdirs``), a barrier, and every rank gets its
+    path. :func:`close_collective_folder` puts it in place."""
     import torch.distributed as dist
 
     tmp = final.with_name(f".{final.name}.tmp")
@@ -112,7 +114,14 @@ def collective_folder(final: Path, rank: int, subdirs: tuple[str, ...] = ()) -> 
         for sub in subdirs:
             (tmp / sub).mkdir()
     dist.barrier()
-    yield tmp
+    return tmp
+
+
+def close_collective_folder(tmp: Path, final: Path, rank: int) -> None:
+    """Rename ``tmp`` (from :func:`open_collective_folder`) to ``final`` once every rank wrote its
+    part (collective: barriers before and after rank 0's rename, which replaces what was there)."""
+    import torch.distributed as dist
+
     dist.barrier()
     if rank == 0:
         if final.exists():
@@ -121,22 +130,53 @@ def collective_folder(final: Path, rank: int, subdirs: tuple[str, ...] = ()) -> 
     dist.barrier()
 
 
+@contextlib.contextmanager
+def collective_folder(final: Path, rank: int, subdirs: tuple[str, ...] = ()) -> Iterator[Path]:
+    """A folder every rank of the default process group writes into, appearing at ``final``
+    atomically: rank 0 makes a hidden sibling (with ``subdirs``), every rank writes into it (the
+    value of the ``with``), then rank 0 renames it into place, replacing what was there. Barriers
+    keep the ranks in step; a failure inside leaves ``final`` as it was."""
+    tmp = open_collective_folder(final, rank, subdirs)
+    yield tmp
+    close_collective_folder(tmp, final, rank)
+
+
+def _sharded_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], bool]:
+    """What :func:`save_sharded_state` saves: ``{"model": ..., "optim": ...}`` (the optimizer's
+    part only once it has state: before the first update ``get_state_dict`` would give AdamW an
+    empty state, one zero step, and change the run), and whether the optimizer's part is there."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    if optimizer.state:
+        model_sd, optim_sd = get_state_dict(module, optimizer)
+        return {"model": model_sd, "optim": optim_sd}, True
+    return {"model": get_model_state_dict(module)}, False
+
+
 def save_sharded_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> bool:
     """Save ``module``'s (sharded) weights under ``model.*`` and ``optimizer``'s state under
     ``optim.*`` into ``folder`` with ``torch.distributed.checkpoint`` (a collective). Before the
-    first update the model is saved alone (``get_state_dict`` would give AdamW an empty state,
-    one zero step, and change the run). Returns whether the optimizer state was saved."""
+    first update the model is saved alone. Returns whether the optimizer state was saved."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
-    has_optim = bool(optimizer.state)
-    if has_optim:
-        model_sd, optim_sd = get_state_dict(module, optimizer)
-        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
-    else:
-        state = {"model": get_model_state_dict(module)}
+    state, has_optim = _sharded_state(module, optimizer)
     dcp.save(state, checkpoint_id=str(folder))
     return has_optim
+
+
+def start_sharded_save(
+    module: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path, group: Any
+) -> tuple[Future[Any], bool]:
+    """:func:`save_sharded_state` in the background: the state is copied to CPU memory now (a
+    snapshot: training may go on and change the weights), and written to ``folder`` by a thread
+    that coordinates the ranks over ``group`` (a CPU process group of its own, so that its
+    collectives never interleave with training's on the default group). Returns the write's
+    future (its ``result()`` raises what the write raised) and whether the optimizer state is in it."""
+    import torch.distributed.checkpoint as dcp
+
+    state, has_optim = _sharded_state(module, optimizer)
+    future = dcp.async_save(state, checkpoint_id=str(folder), process_group=group)
+    return future, has_optim
 
 
 def load_sharded_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path, has_optim: bool) -> None:

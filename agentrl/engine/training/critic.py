@@ -208,12 +208,12 @@ class Critic(FsdpRank):
             "critic_s": time.monotonic() - t0,
         }
 
-    def save_checkpoint(self, out_dir: str) -> str:
+    def save_checkpoint(self, out_dir: str, background: bool = False) -> str:
         """Save the value model and AdamW state (collective) into ``out_dir``, atomically:
         ``torch.distributed.checkpoint`` files, each rank's RNG state and
-        ``trainer_state.json`` (step, ``kind = "critic"``)."""
+        ``trainer_state.json`` (step, ``kind = "critic"``). ``background``: as the learner's."""
         self.require_setup()
-        return self.save_state(out_dir, self.model, {"kind": "critic"})
+        return self.save_state(out_dir, self.model, {"kind": "critic"}, background=background)
 
     def load_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
         """Restore what :meth:`save_checkpoint` wrote (collective, possibly another rank count)."""

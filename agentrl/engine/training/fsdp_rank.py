@@ -36,6 +36,8 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +50,17 @@ from agentrl.engine.training.offload import move_states
 from agentrl.engine.training.padded import PaddedBatch
 from agentrl.errors import ConfigError, LearnerError
 
-__all__ = ["FsdpRank", "decoder_layers", "per_layer_units"]
+__all__ = ["FsdpRank", "PendingCheckpoint", "decoder_layers", "per_layer_units"]
+
+
+@dataclass(frozen=True)
+class PendingCheckpoint:
+    """A checkpoint being written in the background: the write's ``future``, the hidden folder
+    it writes into (``tmp``) and where the folder goes once written (``final``)."""
+
+    future: Future[Any]
+    tmp: Path
+    final: Path
 
 
 def decoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
@@ -133,6 +145,10 @@ class FsdpRank(abc.ABC):
         """Updates skipped because the gradient norm was not finite."""
         self.offloaded = False
         """Whether the parameters and optimizer states are in host memory (:meth:`offload_states`)."""
+        self._pending_checkpoint: PendingCheckpoint | None = None
+        """A checkpoint being written in the background (:meth:`save_state` with ``background``)."""
+        self._checkpoint_group: Any = None
+        """The CPU process group background checkpoint writes coordinate over (made at the first)."""
 
     # ------------------------------------------------------------------ what a subclass defines
     @abc.abstractmethod
@@ -303,38 +319,81 @@ class FsdpRank(abc.ABC):
 
     # ------------------------------------------------------------------ checkpoints
     def save_state(
-        self, out_dir: str, module: torch.nn.Module, state: dict[str, Any], write_extra: Callable[[Path], None] | None = None
+        self, out_dir: str, module: torch.nn.Module, state: dict[str, Any], write_extra: Callable[[Path], None] | None = None,
+        background: bool = False,
     ) -> str:
         """Write a checkpoint of ``module`` and the optimizer (collective): the sharded state,
         each rank's RNG state, ``trainer_state.json`` (``state`` plus the step, the update
         counts and whether optimizer state is there) and, on rank 0, what ``write_extra(folder)``
-        adds. The folder appears atomically; an existing one is replaced."""
-        from agentrl.engine.training.checkpoint import collective_folder, save_rng_state, save_sharded_state, write_trainer_state
+        adds. The folder appears atomically; an existing one is replaced.
+
+        ``background``: return once the state is copied to host memory (a snapshot: training may
+        go on) and write the sharded state in a thread; the folder appears at ``out_dir`` when
+        :meth:`finish_checkpoint` is called (collective), which the next checkpoint also does
+        first (a load or a shutdown lets the write end and leaves the folder hidden). Costs a
+        second copy of the weights and optimizer state in host memory while it is written."""
+        from agentrl.engine.training.checkpoint import (
+            close_collective_folder,
+            open_collective_folder,
+            save_rng_state,
+            save_sharded_state,
+            start_sharded_save,
+            write_trainer_state,
+        )
 
         self.require_setup()
+        self.finish_checkpoint()
         final = Path(out_dir)
         try:
-            with collective_folder(final, self.rank, ("rng",)) as tmp:
+            tmp = open_collective_folder(final, self.rank, ("rng",))
+            if background:
+                if self._checkpoint_group is None:
+                    self._checkpoint_group = dist.new_group(backend="gloo")
+                future, has_optim = start_sharded_save(module, self.optimizer, tmp, self._checkpoint_group)
+            else:
                 has_optim = save_sharded_state(module, self.optimizer, tmp)
-                save_rng_state(tmp / "rng" / f"rank{self.rank}.pt")
-                if self.rank == 0:
-                    write_trainer_state(tmp, {
-                        "step": self.step,
-                        "updates": self.updates,
-                        "skipped_updates": self.skipped_updates,
-                        "has_optimizer_state": has_optim,
-                        "world_size": self.world_size,
-                        "model": self.model_name,
-                        **({"scheduler": self.scheduler.state_dict()} if self.scheduler is not None else {}),
-                        **state,
-                    })
-                    if write_extra is not None:
-                        write_extra(tmp)
+            save_rng_state(tmp / "rng" / f"rank{self.rank}.pt")
+            if self.rank == 0:
+                write_trainer_state(tmp, {
+                    "step": self.step,
+                    "updates": self.updates,
+                    "skipped_updates": self.skipped_updates,
+                    "has_optimizer_state": has_optim,
+                    "world_size": self.world_size,
+                    "model": self.model_name,
+                    **({"scheduler": self.scheduler.state_dict()} if self.scheduler is not None else {}),
+                    **state,
+                })
+                if write_extra is not None:
+                    write_extra(tmp)
+            if background:
+                self._pending_checkpoint = PendingCheckpoint(future, tmp, final)
+            else:
+                close_collective_folder(tmp, final, self.rank)
         except LearnerError:
             raise
         except Exception as exc:
             raise LearnerError(f"{self.role} rank {self.rank}: saving the checkpoint {final} failed: {exc}") from exc
         return str(final)
+
+    def finish_checkpoint(self) -> dict[str, Any] | None:
+        """Wait for the checkpoint being written in the background, if any, and put its folder in
+        place (collective). Returns ``{"path": its folder, "wait_s": seconds this call waited}``,
+        or None when none was being written. A failed write raises :class:`LearnerError` (the
+        folder stays hidden: the previous checkpoint is still the newest)."""
+        from agentrl.engine.training.checkpoint import close_collective_folder
+
+        pending, self._pending_checkpoint = self._pending_checkpoint, None
+        if pending is None:
+            return None
+        t0 = time.monotonic()
+        try:
+            pending.future.result(timeout=self.timeout_s)
+            wait_s = time.monotonic() - t0
+            close_collective_folder(pending.tmp, pending.final, self.rank)
+        except Exception as exc:
+            raise LearnerError(f"{self.role} rank {self.rank}: writing the checkpoint {pending.final} in the background failed: {exc}") from exc
+        return {"path": str(pending.final), "wait_s": wait_s}
 
     def load_state(self, checkpoint_dir: str, module: torch.nn.Module) -> dict[str, Any]:
         """Restore what :meth:`save_state` wrote (collective, possibly by another number of
@@ -343,6 +402,7 @@ class FsdpRank(abc.ABC):
         from agentrl.engine.training.checkpoint import load_rng_state, load_sharded_state, read_trainer_state
 
         self.require_setup()
+        self.abandon_checkpoint()
         folder = Path(checkpoint_dir)
         state = read_trainer_state(folder)
         try:
@@ -359,8 +419,19 @@ class FsdpRank(abc.ABC):
         self.skipped_updates = int(state.get("skipped_updates", 0))
         return state
 
+    def abandon_checkpoint(self) -> None:
+        """Let a checkpoint being written in the background end (bounded: ``timeout_s``), whether
+        it succeeds or not, and leave its folder hidden (not a collective): what a load (the
+        state it saved is being replaced) and a shutdown do with one nobody finished."""
+        pending, self._pending_checkpoint = self._pending_checkpoint, None
+        if pending is not None:
+            with contextlib.suppress(Exception):
+                pending.future.result(timeout=self.timeout_s)
+
     def shutdown(self) -> None:
-        """Leave the process group."""
+        """Let a checkpoint being written in the background end (:meth:`abandon_checkpoint`),
+        then leave the process group."""
+        self.abandon_checkpoint()
         if dist.is_initialized():
             dist.destroy_process_group()
 

@@ -552,11 +552,13 @@ class Learner(FsdpRank):
             return self.sender.send(version)
 
     # ------------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, out_dir: str) -> str:
+    def save_checkpoint(self, out_dir: str, background: bool = False) -> str:
         """Save everything needed to resume (collective): the sharded model and AdamW state with
         ``torch.distributed.checkpoint``, the step and LR-schedule state, each rank's RNG state
         and the model config (+ tokenizer) for export. See :mod:`agentrl.engine.training.checkpoint` for
-        the layout. The folder appears atomically; an existing one is replaced."""
+        the layout. The folder appears atomically; an existing one is replaced. ``background``:
+        the sharded state is written by a thread and the folder appears at
+        :meth:`finish_checkpoint` (:meth:`FsdpRank.save_state`)."""
 
         def export_files(tmp: Path) -> None:
             self.config.save_pretrained(tmp / "hf")
@@ -576,7 +578,7 @@ class Learner(FsdpRank):
             "lora": self.lora.as_dict() if self.lora is not None else None,
         }
         with self.states_on_device():
-            return self.save_state(out_dir, self.policy.lm, state, export_files)
+            return self.save_state(out_dir, self.policy.lm, state, export_files, background=background)
 
     def load_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
         """Restore a checkpoint written by :meth:`save_checkpoint` (collective), possibly by a

@@ -54,6 +54,57 @@ def test_resume_matches_uninterrupted_run(tiny_calc_model, tmp_path):
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no temporaries left
 
 
+def test_a_background_checkpoint_holds_the_state_at_the_save_while_training_goes_on(tiny_calc_model, tmp_path, monkeypatch):
+    """checkpoint.background: save_checkpoint returns with the state copied; the next steps train
+    while a thread writes it; the folder appears at finish_checkpoint and holds the weights and
+    AdamW state of the save (a resume from it trains as the uninterrupted run did), not the
+    weights trained meanwhile. The disk is made slow on purpose: the write waits until the later
+    steps have changed the weights (a tiny model's write would otherwise end before they start)."""
+    import threading
+
+    import torch.distributed.checkpoint as dcp
+
+    trained_on = threading.Event()
+    write_data = dcp.FileSystemWriter.write_data
+
+    def slow_write(self, plan, planner):
+        assert trained_on.wait(60), "the steps after the save never ended"
+        return write_data(self, plan, planner)
+
+    monkeypatch.setattr(dcp.FileSystemWriter, "write_data", slow_write)
+    batches = [make_samples(5, seed=200 + k) for k in range(5)]
+    ckpt = tmp_path / "ckpt-2"
+    a = make_learner(str(tiny_calc_model), **SCHEDULE)
+    try:
+        for b in batches[:2]:
+            a.train_step(b)
+        assert a.save_checkpoint(str(ckpt), background=True) == str(ckpt)
+        at_save = params(a)
+        for b in batches[2:]:  # the weights move on while the checkpoint is written
+            last_a = a.train_step(b)
+        final_a = params(a)
+        assert not ckpt.exists()  # not in place before finish: a crash now leaves the previous one the newest
+        trained_on.set()
+        done = a.finish_checkpoint()
+        assert done is not None and done["path"] == str(ckpt) and done["wait_s"] >= 0.0
+        assert a.finish_checkpoint() is None  # nothing pending any more
+    finally:
+        a.shutdown()
+    assert max_diff(final_a, at_save) > 1e-4
+
+    b_ = make_learner(str(tiny_calc_model), **SCHEDULE)
+    try:
+        assert b_.load_checkpoint(str(ckpt))["step"] == 2
+        assert max_diff(params(b_), at_save) == 0.0
+        for b in batches[2:]:
+            last_b = b_.train_step(b)
+        assert max_diff(params(b_), final_a) < 1e-7  # AdamW's moments of step 2 were saved too
+        assert last_a["loss"] == pytest.approx(last_b["loss"], abs=1e-7)
+    finally:
+        b_.shutdown()
+    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no temporaries left
+
+
 def test_checkpoint_before_the_first_update_and_errors(tiny_calc_model, tmp_path):
     learner = make_learner(str(tiny_calc_model))
     try:

@@ -1,0 +1,97 @@
+"""Checkpoints written in the background (``checkpoint.background``) over the shipped fakes: a
+checkpoint appears after the learner step that follows it, never half-written; a learner that
+dies while one is being written restarts from the previous one; a loop that stops on an error
+puts the one being written in place."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from agentrl.engine.loop.run_state import latest_checkpoint, read_state, truncate_logs
+from agentrl.engine.testing import FakeRun, KillLearner
+from tests.engine.loop.test_loop import ROWS, assert_each_prompt_once, events, trained_lines
+
+
+class SeeCheckpoints:
+    """Loop hook: after each step, the names in ``checkpoints/`` (one being written is hidden)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, list[str]]] = []
+
+    async def on_round(self, loop: Any) -> None:
+        return None
+
+    async def after_step(self, loop: Any) -> None:
+        root = loop.run_dir.checkpoints
+        names = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+        self.seen.append((loop.version, names))
+
+
+class FailAfter:
+    """Loop hook: raise after step ``step`` (an error that is not a rank's death)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    async def on_round(self, loop: Any) -> None:
+        return None
+
+    async def after_step(self, loop: Any) -> None:
+        if loop.version >= self.step:
+            raise RuntimeError("the run stops here")
+
+
+def test_a_background_checkpoint_appears_after_the_next_step_and_a_resume_from_it_trains_each_prompt_once(tmp_path):
+    see = SeeCheckpoints()
+    slow = {"worker": {"delay_s": lambda idx: 0.05}, "learner": {"step_delay_s": 0.03}}
+    first = FakeRun(tmp_path, rows=ROWS, max_steps=5, checkpoint_every=2, background_checkpoints=True, hooks=[see], **slow)
+    asyncio.run(first.run())
+    # checkpoint 2 is written while step 3 trains: hidden after step 2, in place from step 3 on
+    by_step = dict(see.seen)
+    assert by_step[2] == [".step_000002.tmp"]
+    assert by_step[3] == ["step_000002"]
+    assert by_step[4] == [".step_000004.tmp", "step_000002"]
+    # the loop's end puts the last one in place; nothing hidden is left
+    assert sorted(p.name for p in first.run_dir.checkpoints.iterdir()) == ["step_000002", "step_000004"]
+    ckpt = latest_checkpoint(tmp_path)
+    assert ckpt is not None and ckpt.name == "step_000004"
+    assert json.loads((ckpt / "learner" / "trainer_state.json").read_text())["step"] == 4  # the state at the save
+    written = [e["message"] for e in events(first) if e["message"].startswith("checkpoint step_")]
+    assert len(written) == 2 and all("written in the background" in m for m in written), written
+    state = read_state(ckpt)
+    truncate_logs(tmp_path, state.version)
+    second = FakeRun(tmp_path, rows=ROWS, max_steps=7, checkpoint_every=2, background_checkpoints=True, **slow)
+    loop = asyncio.run(second.run(state))
+    assert [line["step"] for line in trained_lines(second)] == [1, 2, 3, 4, 5, 6, 7]
+    prompts = assert_each_prompt_once(second)
+    accounted = set(prompts) | set(loop.ledger.untrained(loop.queue)) | set(loop.queue.stats.dropped_prompts)
+    assert accounted == set(range(loop.ledger.cursor))
+
+
+def test_a_learner_dying_while_a_checkpoint_is_written_restarts_from_the_previous_one(tmp_path):
+    # checkpoint 4 is being written when the learner dies (after step 4, before step 5 ends):
+    # the restart goes back to checkpoint 2, the complete one, and the half-written one is gone
+    run = FakeRun(tmp_path, rows=ROWS, max_steps=7, checkpoint_every=2, max_restarts=1, background_checkpoints=True,
+                  hooks=[KillLearner(after_step=4)])
+    loop = asyncio.run(run.run())
+    assert loop.version == 7
+    restarts = [e for e in events(run) if e.get("learner_restarts")]
+    assert len(restarts) == 1 and "restarting the learner from checkpoint step_000002" in restarts[0]["message"], restarts
+    assert [s for s, _ in run.trained] == [1, 2, 3, 4, 3, 4, 5, 6, 7]  # steps 3 and 4 trained again after the restart
+    assert_each_prompt_once(run)
+    assert not [p.name for p in run.run_dir.checkpoints.iterdir() if p.name.startswith(".")]
+    assert latest_checkpoint(tmp_path).name == "step_000006"
+
+
+def test_a_loop_stopping_on_an_error_puts_the_checkpoint_being_written_in_place(tmp_path):
+    run = FakeRun(tmp_path, rows=ROWS, max_steps=8, checkpoint_every=3, background_checkpoints=True, hooks=[FailAfter(3)])
+    with pytest.raises(RuntimeError, match="the run stops here"):
+        asyncio.run(run.run())
+    ckpt = latest_checkpoint(tmp_path)
+    assert ckpt is not None and ckpt.name == "step_000003"  # saved at step 3, the error came before step 4
+    assert json.loads((ckpt / "learner" / "trainer_state.json").read_text())["step"] == 3
+    assert not [p.name for p in run.run_dir.checkpoints.iterdir() if p.name.startswith(".")]
