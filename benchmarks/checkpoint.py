@@ -143,9 +143,11 @@ def main() -> None:
         lines.append(f"| {arm} | {med(arm, 'round_s'):.2f} | {med(arm, 'save_s'):.2f} | {med(arm, 'step_s'):.2f} | "
                      f"{med(arm, 'finish_s'):.2f} | {c:.2f} |" if arm != "none" else
                      f"| {arm} (baseline) | {med(arm, 'round_s'):.2f} | – | {med(arm, 'step_s'):.2f} | – | – |")
-    lines += ["", f"The checkpoint's cost in the background / waited for: median of the repeats' ratios "
-              f"**{statistics.median(ratios):.2f}×** (range {min(ratios):.2f}–{max(ratios):.2f})." if ratios else
-              "", ]
+    summary = "The checkpoint's cost in the background / waited for: " + (
+        f"median of the repeats' ratios **{statistics.median(ratios):.2f}×** (range {min(ratios):.2f}–{max(ratios):.2f}, "
+        f"{len(ratios)} of {len(cost['wait'])} repeats)" if ratios else
+        "no ratio: the waited-for checkpoint cost nothing measurable (<= 0 s beside the noise) in every repeat")
+    lines += ["", summary + "."]
     emit("\n".join(lines), f"checkpoint {name} {args.dtype}", args.write, section="Checkpoints in the background")
 
 

@@ -13,6 +13,7 @@ import asyncio
 import inspect
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -299,12 +300,14 @@ class FakeWorker:
 
 class _StepCheckpoints:
     """What the fake ranks share: a checkpoint holds the step (written by rank 0), in place on
-    return, or with ``background`` in a hidden sibling until ``finish_checkpoint`` (as the real
-    ranks write theirs in a thread); shutting down does nothing."""
+    return, or with ``background`` written into a hidden sibling and put in place as the real
+    ranks do: ``background_write_s`` seconds later (the write's time), or, when that is None (a
+    disk slower than the next step), at ``finish_checkpoint``. Shutting down does nothing."""
 
     rank: int
     step: int
-    _pending_checkpoint: tuple[Path, Path] | None = None
+    background_write_s: float | None = None
+    _pending_checkpoint: tuple[Path, Path, threading.Timer | None] | None = None
 
     def save_checkpoint(self, folder: str, background: bool = False) -> None:
         self.finish_checkpoint()
@@ -314,15 +317,22 @@ class _StepCheckpoints:
             target.mkdir(parents=True, exist_ok=True)
             (target / "trainer_state.json").write_text(json.dumps({"step": self.step}))
         if background:
-            self._pending_checkpoint = (target, final)
+            timer = None
+            if self.rank == 0 and self.background_write_s is not None:
+                timer = threading.Timer(self.background_write_s, os.replace, (target, final))
+                timer.start()
+            self._pending_checkpoint = (target, final, timer)
 
     def finish_checkpoint(self) -> dict[str, Any] | None:
         pending, self._pending_checkpoint = self._pending_checkpoint, None
         if pending is None:
             return None
-        if self.rank == 0:
-            os.replace(*pending)
-        return {"path": str(pending[1]), "wait_s": 0.0}
+        target, final, timer = pending
+        if timer is not None:
+            timer.join()
+        if self.rank == 0 and target.exists():
+            os.replace(target, final)
+        return {"path": str(final), "wait_s": 0.0}
 
     def load_checkpoint(self, folder: str) -> None:
         self._pending_checkpoint = None
@@ -336,10 +346,14 @@ class FakeLearner(_StepCheckpoints):
     """A learner rank that trains nothing but records it.
 
     ``trained`` (shared between the ranks and restarts a test creates) receives one entry per
-    step on rank 0: ``(step, [sample ids])``. ``step_delay_s`` makes a step take time."""
+    step on rank 0: ``(step, [sample ids])``. ``step_delay_s`` makes a step take time;
+    ``background_write_s``: a background checkpoint's write time (None: it ends at
+    ``finish_checkpoint``, see :class:`_StepCheckpoints`)."""
 
-    def __init__(self, *, rank: int = 0, trained: list[tuple[int, list[str]]] | None = None, step_delay_s: float = 0.0, **_: Any) -> None:
+    def __init__(self, *, rank: int = 0, trained: list[tuple[int, list[str]]] | None = None, step_delay_s: float = 0.0,
+                 background_write_s: float | None = None, **_: Any) -> None:
         self.rank = rank
+        self.background_write_s = background_write_s
         self.trained = trained if trained is not None else []
         self.step_delay_s = step_delay_s
         self.step = 0

@@ -25,6 +25,7 @@ import json
 import os
 import random
 import shutil
+import threading
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -48,6 +49,7 @@ __all__ = [
     "collective_folder",
     "open_collective_folder",
     "close_collective_folder",
+    "put_in_place_when_written",
 ]
 
 CHECKPOINT_FORMAT = 1
@@ -117,17 +119,45 @@ def open_collective_folder(final: Path, rank: int, subdirs: tuple[str, ...] = ()
     return tmp
 
 
-def close_collective_folder(tmp: Path, final: Path, rank: int) -> None:
+def close_collective_folder(tmp: Path, final: Path, rank: int, written_already: bool = False) -> None:
     """Rename ``tmp`` (from :func:`open_collective_folder`) to ``final`` once every rank wrote its
-    part (collective: barriers before and after rank 0's rename, which replaces what was there)."""
+    part (collective: barriers before and after rank 0's rename, which replaces what was there).
+    With ``written_already``, a ``tmp`` that is gone was put in place by
+    :func:`put_in_place_when_written` (and may have moved on since with the folder around it,
+    a run checkpoint being put in place): only one still there is renamed."""
     import torch.distributed as dist
 
     dist.barrier()
-    if rank == 0:
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+    if rank == 0 and (tmp.exists() or not written_already):
+        _replace(tmp, final)
     dist.barrier()
+
+
+def _replace(tmp: Path, final: Path) -> None:
+    """``final`` becomes ``tmp`` (what was at ``final`` is removed)."""
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
+def put_in_place_when_written(future: Future[Any], tmp: Path, final: Path) -> threading.Event:
+    """Rename ``tmp`` to ``final`` as soon as ``future`` (the coordinating rank's background write,
+    :func:`start_sharded_save`) succeeds: its end means every rank's share is written. Called on
+    rank 0 only, after every rank's own files are in ``tmp``. Returns an event set once the
+    attempt is over (wait for it before touching either folder). A failed write or rename leaves
+    ``tmp`` hidden (:func:`close_collective_folder` tries the rename again and raises)."""
+    over = threading.Event()
+
+    def done(f: Future[Any]) -> None:
+        try:
+            if not f.cancelled() and f.exception() is None:
+                with contextlib.suppress(OSError):
+                    _replace(tmp, final)
+        finally:
+            over.set()
+
+    future.add_done_callback(done)
+    return over
 
 
 @contextlib.contextmanager

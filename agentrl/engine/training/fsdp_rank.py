@@ -34,6 +34,7 @@ import abc
 import contextlib
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -56,11 +57,13 @@ __all__ = ["FsdpRank", "PendingCheckpoint", "decoder_layers", "per_layer_units"]
 @dataclass(frozen=True)
 class PendingCheckpoint:
     """A checkpoint being written in the background: the write's ``future``, the hidden folder
-    it writes into (``tmp``) and where the folder goes once written (``final``)."""
+    it writes into (``tmp``), where the folder goes once written (``final``) and, on rank 0, the
+    event set once its attempt to put it there when written is over (``placed``)."""
 
     future: Future[Any]
     tmp: Path
     final: Path
+    placed: threading.Event | None = None
 
 
 def decoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
@@ -335,6 +338,7 @@ class FsdpRank(abc.ABC):
         from agentrl.engine.training.checkpoint import (
             close_collective_folder,
             open_collective_folder,
+            put_in_place_when_written,
             save_rng_state,
             save_sharded_state,
             start_sharded_save,
@@ -346,12 +350,9 @@ class FsdpRank(abc.ABC):
         final = Path(out_dir)
         try:
             tmp = open_collective_folder(final, self.rank, ("rng",))
-            if background:
-                if self._checkpoint_group is None:
-                    self._checkpoint_group = dist.new_group(backend="gloo")
-                future, has_optim = start_sharded_save(module, self.optimizer, tmp, self._checkpoint_group)
-            else:
-                has_optim = save_sharded_state(module, self.optimizer, tmp)
+            # every rank's own files first: a background write ends (on rank 0, which then puts
+            # the folder in place) only after every rank's thread wrote its share, so all is there
+            has_optim = bool(self.optimizer.state)  # before the first update the model is saved alone
             save_rng_state(tmp / "rng" / f"rank{self.rank}.pt")
             if self.rank == 0:
                 write_trainer_state(tmp, {
@@ -367,8 +368,14 @@ class FsdpRank(abc.ABC):
                 if write_extra is not None:
                     write_extra(tmp)
             if background:
-                self._pending_checkpoint = PendingCheckpoint(future, tmp, final)
+                if self._checkpoint_group is None:
+                    self._checkpoint_group = dist.new_group(backend="gloo")
+                future, _ = start_sharded_save(module, self.optimizer, tmp, self._checkpoint_group)
+                # in place as soon as it is written (rank 0), not only at finish_checkpoint
+                placed = put_in_place_when_written(future, tmp, final) if self.rank == 0 else None
+                self._pending_checkpoint = PendingCheckpoint(future, tmp, final, placed)
             else:
+                save_sharded_state(module, self.optimizer, tmp)
                 close_collective_folder(tmp, final, self.rank)
         except LearnerError:
             raise
@@ -377,10 +384,11 @@ class FsdpRank(abc.ABC):
         return str(final)
 
     def finish_checkpoint(self) -> dict[str, Any] | None:
-        """Wait for the checkpoint being written in the background, if any, and put its folder in
-        place (collective). Returns ``{"path": its folder, "wait_s": seconds this call waited}``,
-        or None when none was being written. A failed write raises :class:`LearnerError` (the
-        folder stays hidden: the previous checkpoint is still the newest)."""
+        """Wait for the checkpoint being written in the background, if any, and make sure its
+        folder is in place (collective; rank 0 puts it there as soon as the write ends). Returns
+        ``{"path": its folder, "wait_s": seconds this call waited}``, or None when none was being
+        written. A failed write raises :class:`LearnerError` (the folder stays hidden: the
+        previous checkpoint is still the newest)."""
         from agentrl.engine.training.checkpoint import close_collective_folder
 
         pending, self._pending_checkpoint = self._pending_checkpoint, None
@@ -389,8 +397,10 @@ class FsdpRank(abc.ABC):
         t0 = time.monotonic()
         try:
             pending.future.result(timeout=self.timeout_s)
+            if pending.placed is not None:
+                pending.placed.wait(self.timeout_s)
             wait_s = time.monotonic() - t0
-            close_collective_folder(pending.tmp, pending.final, self.rank)
+            close_collective_folder(pending.tmp, pending.final, self.rank, written_already=True)
         except Exception as exc:
             raise LearnerError(f"{self.role} rank {self.rank}: writing the checkpoint {pending.final} in the background failed: {exc}") from exc
         return {"path": str(pending.final), "wait_s": wait_s}

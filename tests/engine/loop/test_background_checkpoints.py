@@ -1,7 +1,7 @@
 """Checkpoints written in the background (``checkpoint.background``) over the shipped fakes: a
-checkpoint appears after the learner step that follows it, never half-written; a learner that
-dies while one is being written restarts from the previous one; a loop that stops on an error
-puts the one being written in place."""
+checkpoint is put in place as soon as the ranks wrote it, at the latest after the learner step
+that follows it, never half-written; a learner that dies while one is being written restarts
+from the previous one; a loop that stops on an error puts the one being written in place."""
 
 from __future__ import annotations
 
@@ -17,18 +17,23 @@ from tests.engine.loop.test_loop import ROWS, assert_each_prompt_once, events, t
 
 
 class SeeCheckpoints:
-    """Loop hook: after each step, the names in ``checkpoints/`` (one being written is hidden)."""
+    """Loop hook: the names in ``checkpoints/`` (one being written is hidden) after each step
+    (``seen``) and at every round of the loop, by the version it was at (``rounds``)."""
 
     def __init__(self) -> None:
         self.seen: list[tuple[int, list[str]]] = []
+        self.rounds: list[tuple[int, list[str]]] = []
+
+    @staticmethod
+    def _names(loop: Any) -> list[str]:
+        root = loop.run_dir.checkpoints
+        return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
 
     async def on_round(self, loop: Any) -> None:
-        return None
+        self.rounds.append((loop.version, self._names(loop)))
 
     async def after_step(self, loop: Any) -> None:
-        root = loop.run_dir.checkpoints
-        names = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
-        self.seen.append((loop.version, names))
+        self.seen.append((loop.version, self._names(loop)))
 
 
 class FailAfter:
@@ -45,11 +50,27 @@ class FailAfter:
             raise RuntimeError("the run stops here")
 
 
-def test_a_background_checkpoint_appears_after_the_next_step_and_a_resume_from_it_trains_each_prompt_once(tmp_path):
+def test_a_background_checkpoint_is_in_place_as_soon_as_written_while_the_next_step_trains(tmp_path):
     see = SeeCheckpoints()
-    slow = {"worker": {"delay_s": lambda idx: 0.05}, "learner": {"step_delay_s": 0.03}}
+    # groups keep finishing while a step trains (a wide staleness window): the loop turns rounds then
+    slow = {"worker": {"delay_s": lambda idx: 0.1}, "learner": {"step_delay_s": 0.6, "background_write_s": 0.05}}
+    run = FakeRun(tmp_path, rows=ROWS, max_steps=3, max_staleness=4, checkpoint_every=2, background_checkpoints=True, hooks=[see],
+                  **slow)
+    asyncio.run(run.run())
+    assert dict(see.seen)[2] == [".step_000002.tmp"]  # right after the save: being written
+    # during step 3's training (the loop still at version 2), once written
+    during = [names for version, names in see.rounds if version == 2]
+    assert ["step_000002"] in during, during
+    [event] = [e["message"] for e in events(run) if e["message"].startswith("checkpoint step_000002")]
+    assert "written in the background" in event
+
+
+def test_a_background_checkpoint_whose_write_outlasts_the_next_step_is_in_place_after_it_and_resumes(tmp_path):
+    see = SeeCheckpoints()
+    slow = {"worker": {"delay_s": lambda idx: 0.05}, "learner": {"step_delay_s": 0.03}}  # writes end at finish_checkpoint
     first = FakeRun(tmp_path, rows=ROWS, max_steps=5, checkpoint_every=2, background_checkpoints=True, hooks=[see], **slow)
     asyncio.run(first.run())
+    assert ["step_000002"] not in [names for version, names in see.rounds if version == 2]
     # checkpoint 2 is written while step 3 trains: hidden after step 2, in place from step 3 on
     by_step = dict(see.seen)
     assert by_step[2] == [".step_000002.tmp"]

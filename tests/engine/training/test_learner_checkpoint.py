@@ -61,6 +61,7 @@ def test_a_background_checkpoint_holds_the_state_at_the_save_while_training_goes
     weights trained meanwhile. The disk is made slow on purpose: the write waits until the later
     steps have changed the weights (a tiny model's write would otherwise end before they start)."""
     import threading
+    import time
 
     import torch.distributed.checkpoint as dcp
 
@@ -85,6 +86,10 @@ def test_a_background_checkpoint_holds_the_state_at_the_save_while_training_goes
         final_a = params(a)
         assert not ckpt.exists()  # not in place before finish: a crash now leaves the previous one the newest
         trained_on.set()
+        deadline = time.monotonic() + 60
+        while not ckpt.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ckpt.exists()  # in place as soon as the write ended, before anyone called finish_checkpoint
         done = a.finish_checkpoint()
         assert done is not None and done["path"] == str(ckpt) and done["wait_s"] >= 0.0
         assert a.finish_checkpoint() is None  # nothing pending any more
