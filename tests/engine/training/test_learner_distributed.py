@@ -4,7 +4,8 @@ The batches are planned into several micro-batches per rank, one with an odd num
 micro-batches (a rank runs the zero-weight stand-in), and both runs use the default AdamW eps,
 so the comparison covers sharding, the gradient reduction and the optimizer. The 2-rank run
 also writes a checkpoint, which is then exported in one process and loaded (re-sharded) into
-the 1-rank learner.
+the 1-rank learner, and the same checkpoint in the background (``checkpoint.background``) while
+both ranks train one more step: it holds the same state as the one waited for.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ def _rank_main(rank: int, model: str, port: int, out: str) -> None:
         metrics = [learner.train_step(b) for b in BATCHES]
         learner.publish(os.path.join(out, "published"))
         learner.save_checkpoint(os.path.join(out, "ckpt"))
+        learner.save_checkpoint(os.path.join(out, "ckpt_bg"), background=True)
+        learner.train_step(BATCHES[0])  # both ranks move on while their shares are written
+        assert learner.finish_checkpoint() is not None
         if rank == 0:
             Path(out, "metrics.json").write_text(json.dumps(metrics))
     finally:
@@ -54,6 +58,8 @@ def test_two_ranks_match_one_rank(tiny_calc_model, tmp_path):
         one = {k: v.clone() for k, v in one_learner.full_state_dict().items()}
         one_learner.load_checkpoint(str(tmp_path / "ckpt"))  # written by 2 ranks, loaded by 1
         resharded = {k: v.clone() for k, v in one_learner.full_state_dict().items()}
+        assert one_learner.load_checkpoint(str(tmp_path / "ckpt_bg"))["step"] == 2
+        resharded_bg = {k: v.clone() for k, v in one_learner.full_state_dict().items()}
     finally:
         one_learner.shutdown()
 
@@ -67,6 +73,8 @@ def test_two_ranks_match_one_rank(tiny_calc_model, tmp_path):
         assert m1["trained_tokens"] == m2["trained_tokens"]
         assert abs(m1["loss"] - m2["loss"]) < 1e-5 and abs(m1["grad_norm"] - m2["grad_norm"]) < 1e-4
     assert max_diff({k: two[k] for k in resharded}, resharded) == 0.0
+    assert max_diff(resharded_bg, resharded) == 0.0  # the background one: the state at its save, not after the step
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # placed, nothing hidden left
     exported = load_file(str(export_checkpoint(tmp_path / "ckpt", tmp_path / "export") / "model.safetensors"))
     assert max_diff({k: two[k] for k in exported}, exported) == 0.0
     assert torch.equal(exported["lm_head.weight"], two["lm_head.weight"])
