@@ -18,11 +18,10 @@ from tests.engine.loop.test_loop import ROWS, assert_each_prompt_once, events, t
 
 class SeeCheckpoints:
     """Loop hook: the names in ``checkpoints/`` (one being written is hidden) after each step
-    (``seen``) and at every round of the loop, by the version it was at (``rounds``)."""
+    (``seen``, by version)."""
 
     def __init__(self) -> None:
         self.seen: list[tuple[int, list[str]]] = []
-        self.rounds: list[tuple[int, list[str]]] = []
 
     @staticmethod
     def _names(loop: Any) -> list[str]:
@@ -30,7 +29,7 @@ class SeeCheckpoints:
         return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
 
     async def on_round(self, loop: Any) -> None:
-        self.rounds.append((loop.version, self._names(loop)))
+        return None
 
     async def after_step(self, loop: Any) -> None:
         self.seen.append((loop.version, self._names(loop)))
@@ -50,27 +49,55 @@ class FailAfter:
             raise RuntimeError("the run stops here")
 
 
+class WatchDuringNextStep:
+    """Loop hook: after step ``step``, watch ``checkpoints/`` (every 20 ms) while the next step
+    trains, until the fake learner recorded it in ``trained`` (the run's list: set it after the
+    run is made); ``appeared``: the names once the checkpoint of ``step`` was there, None if it
+    never was while that step trained."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.trained: list[tuple[int, list[str]]] = []
+        self.appeared: list[str] | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    async def on_round(self, loop: Any) -> None:
+        return None
+
+    async def after_step(self, loop: Any) -> None:
+        if loop.version == self.step and self.task is None:
+            self.task = asyncio.ensure_future(self._watch(loop))
+
+    async def _watch(self, loop: Any) -> None:
+        name = f"step_{self.step:06d}"
+        while loop.version == self.step and not any(s == self.step + 1 for s, _ in self.trained):
+            names = SeeCheckpoints._names(loop)
+            if name in names:
+                self.appeared = names
+                return
+            await asyncio.sleep(0.02)
+
+
 def test_a_background_checkpoint_is_in_place_as_soon_as_written_while_the_next_step_trains(tmp_path):
-    see = SeeCheckpoints()
-    # groups keep finishing while a step trains (a wide staleness window): the loop turns rounds then
-    slow = {"worker": {"delay_s": lambda idx: 0.1}, "learner": {"step_delay_s": 0.6, "background_write_s": 0.05}}
-    run = FakeRun(tmp_path, rows=ROWS, max_steps=3, max_staleness=4, checkpoint_every=2, background_checkpoints=True, hooks=[see],
-                  **slow)
+    see, watch = SeeCheckpoints(), WatchDuringNextStep(2)
+    slow = {"worker": {"delay_s": lambda idx: 0.05}, "learner": {"step_delay_s": 1.0, "background_write_s": 0.05}}
+    run = FakeRun(tmp_path, rows=ROWS, max_steps=3, checkpoint_every=2, background_checkpoints=True, hooks=[see, watch], **slow)
+    watch.trained = run.trained
     asyncio.run(run.run())
     assert dict(see.seen)[2] == [".step_000002.tmp"]  # right after the save: being written
-    # during step 3's training (the loop still at version 2), once written
-    during = [names for version, names in see.rounds if version == 2]
-    assert ["step_000002"] in during, during
+    # during step 3's second of training (the loop still at version 2), once written
+    assert watch.appeared == ["step_000002"], watch.appeared
     [event] = [e["message"] for e in events(run) if e["message"].startswith("checkpoint step_000002")]
     assert "written in the background" in event
 
 
 def test_a_background_checkpoint_whose_write_outlasts_the_next_step_is_in_place_after_it_and_resumes(tmp_path):
-    see = SeeCheckpoints()
+    see, watch = SeeCheckpoints(), WatchDuringNextStep(2)
     slow = {"worker": {"delay_s": lambda idx: 0.05}, "learner": {"step_delay_s": 0.03}}  # writes end at finish_checkpoint
-    first = FakeRun(tmp_path, rows=ROWS, max_steps=5, checkpoint_every=2, background_checkpoints=True, hooks=[see], **slow)
+    first = FakeRun(tmp_path, rows=ROWS, max_steps=5, checkpoint_every=2, background_checkpoints=True, hooks=[see, watch], **slow)
+    watch.trained = first.trained
     asyncio.run(first.run())
-    assert ["step_000002"] not in [names for version, names in see.rounds if version == 2]
+    assert watch.task is not None and watch.appeared is None  # not while step 3 trained
     # checkpoint 2 is written while step 3 trains: hidden after step 2, in place from step 3 on
     by_step = dict(see.seen)
     assert by_step[2] == [".step_000002.tmp"]
