@@ -255,6 +255,9 @@ def judge(run_dir: Path, *, seed: int, faults: list[Fault], rc: int | None, wall
         violations.append(f"the run exited {rc}" if rc is not None else "the run did not end in time (stopped)")
     if "Traceback" in console:
         violations.append("a traceback on the console")
+    traceback_file = run_dir / "logs" / "traceback.txt"
+    if rc not in (0, None) and traceback_file.is_file():  # the run's own record of an unexpected error
+        violations.append("its traceback (logs/traceback.txt):\n" + "\n".join(traceback_file.read_text().splitlines()[-40:]))
     summary_path = run_dir / "summary.json"
     if summary_path.is_file():
         summary = json.loads(summary_path.read_text())

@@ -30,7 +30,7 @@ def test_three_kinds_of_sigkill_two_at_once_and_the_run_keeps_its_invariants(tmp
     faults = [Fault("generator", 2), Fault("learner", 4), Fault("rollout-worker", 4)]
     result = run_with_faults(cmd, run_dir, tmp_path / "run.log", faults, seed=0, max_steps=MAX_STEPS, group=GROUP,
                              staleness=STALENESS, batch=BATCH, timeout_s=900)
-    assert all(f.pid is not None for f in faults), [(f.kind, f.note) for f in faults]
+    assert all(f.pid is not None for f in faults), ([(f.kind, f.note) for f in faults], result.violations, result.console_tail)
     assert result.finished, (describe(faults), result.violations, result.console_tail)
     assert result.steps == MAX_STEPS
     assert result.restarts["generator_restarts"] == 1, result.restarts

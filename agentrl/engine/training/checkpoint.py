@@ -27,7 +27,6 @@ import random
 import shutil
 import threading
 import warnings
-from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -44,9 +43,9 @@ __all__ = [
     "save_rng_state",
     "load_rng_state",
     "save_sharded_state",
+    "saves_optimizer_state",
     "start_sharded_save",
     "load_sharded_state",
-    "collective_folder",
     "open_collective_folder",
     "close_collective_folder",
     "put_in_place_when_written",
@@ -160,24 +159,19 @@ def put_in_place_when_written(future: Future[Any], tmp: Path, final: Path) -> th
     return over
 
 
-@contextlib.contextmanager
-def collective_folder(final: Path, rank: int, subdirs: tuple[str, ...] = ()) -> Iterator[Path]:
-    """A folder every rank of the default process group writes into, appearing at ``final``
-    atomically: rank 0 makes a hidden sibling (with ``subdirs``), every rank writes into it (the
-    value of the ``with``), then rank 0 renames it into place, replacing what was there. Barriers
-    keep the ranks in step; a failure inside leaves ``final`` as it was."""
-    tmp = open_collective_folder(final, rank, subdirs)
-    yield tmp
-    close_collective_folder(tmp, final, rank)
+def saves_optimizer_state(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether a checkpoint of ``optimizer`` now holds its state: only once it has some (before
+    the first update ``get_state_dict`` would give AdamW an empty state, one zero step, and
+    change the run); the model is then saved alone."""
+    return bool(optimizer.state)
 
 
 def _sharded_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], bool]:
     """What :func:`save_sharded_state` saves: ``{"model": ..., "optim": ...}`` (the optimizer's
-    part only once it has state: before the first update ``get_state_dict`` would give AdamW an
-    empty state, one zero step, and change the run), and whether the optimizer's part is there."""
+    part per :func:`saves_optimizer_state`), and whether the optimizer's part is there."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
-    if optimizer.state:
+    if saves_optimizer_state(optimizer):
         model_sd, optim_sd = get_state_dict(module, optimizer)
         return {"model": model_sd, "optim": optim_sd}, True
     return {"model": get_model_state_dict(module)}, False

@@ -341,6 +341,7 @@ class FsdpRank(abc.ABC):
             put_in_place_when_written,
             save_rng_state,
             save_sharded_state,
+            saves_optimizer_state,
             start_sharded_save,
             write_trainer_state,
         )
@@ -352,7 +353,7 @@ class FsdpRank(abc.ABC):
             tmp = open_collective_folder(final, self.rank, ("rng",))
             # every rank's own files first: a background write ends (on rank 0, which then puts
             # the folder in place) only after every rank's thread wrote its share, so all is there
-            has_optim = bool(self.optimizer.state)  # before the first update the model is saved alone
+            has_optim = saves_optimizer_state(self.optimizer)
             save_rng_state(tmp / "rng" / f"rank{self.rank}.pt")
             if self.rank == 0:
                 write_trainer_state(tmp, {

@@ -157,18 +157,25 @@ LONG = 2000
 pause that a loaded machine delays)."""
 
 
-async def _running(url: str) -> float:
-    """How many requests the server is decoding now (its Prometheus ``vllm:num_requests_running``)."""
+async def _scheduler(url: str) -> dict[str, float]:
+    """How many requests the server is decoding (``running``) and holds back (``waiting``) now:
+    its Prometheus ``vllm:num_requests_running`` and ``vllm:num_requests_waiting``."""
     async with httpx.AsyncClient(base_url=url, timeout=30) as c:
-        text = (await c.get("/metrics")).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:num_requests_running"))
+        answer = await c.get("/metrics")
+    answer.raise_for_status()
+    counts = {"running": 0.0, "waiting": 0.0}
+    for line in answer.text.splitlines():
+        for key in counts:
+            if line.startswith(f"vllm:num_requests_{key}"):
+                counts[key] += float(line.rsplit(" ", 1)[1])
+    return counts
 
 
 @pytest.fixture(scope="module")
 def vllm_server(tied_model, tmp_path_factory):
     """`vllm serve` of the tied tiny model with the RL and token-in/token-out endpoints and
     agentrl's worker extension (the re-tie after each reload) on, in float32 (the server's
-    ``auto`` dtype is bfloat16 on these CPUs)."""
+    ``auto`` dtype is bfloat16 on these CPUs): its URL and its log file."""
     from agentrl.engine.generation.vllm_worker import WORKER_EXTENSION
 
     log_path = tmp_path_factory.mktemp("vllm-serve") / "server.log"
@@ -177,7 +184,7 @@ def vllm_server(tied_model, tmp_path_factory):
         "--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096", "--worker-extension-cls", WORKER_EXTENSION,
         env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_LOGGING_LEVEL": "WARNING"},
     ) as url:
-        yield url
+        yield url, log_path
 
 
 TOL = 1e-4
@@ -206,8 +213,10 @@ def test_real_vllm_serve_tokens_versions_and_inflight_update(vllm_server, tied_m
     prompt = tok.encode(text, add_special_tokens=False)
     sampling = {"max_tokens": 12, "temperature": 1.0, "seed": 3, "ignore_eos": True}
 
+    url, log_path = vllm_server
+
     async def go():
-        g = HttpGenerator(vllm_server, timeout_s=120)
+        g = HttpGenerator(url, timeout_s=120)
         info = await g.start()
         a = await g.generate(prompt, sampling)
         again = await g.generate(prompt, sampling)
@@ -218,10 +227,18 @@ def test_real_vllm_serve_tokens_versions_and_inflight_update(vllm_server, tied_m
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(long_request)
-            with anyio.fail_after(60):  # update as soon as the server decodes it, not after a guessed sleep
-                while not await _running(vllm_server):
-                    await anyio.sleep(0.01)
-            assert not long
+            # update as soon as the server decodes it, not after a guessed sleep
+            seen: list[tuple[float, dict[str, float]]] = []
+            t_start = time.monotonic()
+            while not long and time.monotonic() - t_start < 60:
+                seen.append((round(time.monotonic() - t_start, 2), await _scheduler(url)))
+                if seen[-1][1]["running"]:
+                    break
+                await anyio.sleep(0.01)
+            else:
+                state = "had already finished" if long else "was not being decoded after 60 s"
+                pytest.fail(f"the long request {state}; the server's scheduler at each look: {seen[:5]} ... {seen[-5:]}\n"
+                            f"the server's log:\n{log_path.read_text()[-3000:]}")
             t0 = time.monotonic()
             stall = await g.update_weights(1, str(v1))
             wall = time.monotonic() - t0

@@ -13,6 +13,21 @@ from tests.engine.training.test_learner_correctness import make_learner, make_sa
 SCHEDULE = dict(lr=5e-3, adam_eps=1e-8, grad_clip=1.0, warmup_steps=1, lr_schedule="cosine", total_steps=6)
 
 
+def _resumed(model, ckpt, batches) -> tuple[dict, dict, dict, dict]:
+    """A fresh learner loads ``ckpt`` and trains ``batches``: the trainer state it loaded, its
+    parameters right after the load, the last step's metrics and the final parameters."""
+    learner = make_learner(str(model), **SCHEDULE)
+    try:
+        state = learner.load_checkpoint(str(ckpt))
+        assert learner.step == state["step"] and learner.updates == state["step"]
+        loaded = params(learner)
+        for b in batches:
+            last = learner.train_step(b)
+        return state, loaded, last, params(learner)
+    finally:
+        learner.shutdown()
+
+
 def test_resume_matches_uninterrupted_run(tiny_calc_model, tmp_path):
     batches = [make_samples(5, seed=100 + k) for k in range(6)]
     ckpt = tmp_path / "ckpt-3"
@@ -30,16 +45,9 @@ def test_resume_matches_uninterrupted_run(tiny_calc_model, tmp_path):
     finally:
         a.shutdown()
 
-    b_ = make_learner(str(tiny_calc_model), **SCHEDULE)
-    try:
-        state = b_.load_checkpoint(str(ckpt))
-        assert state["step"] == 3 and b_.step == 3 and b_.updates == 3
-        assert max_diff(params(b_), at_save) == 0.0
-        for b in batches[3:]:
-            last_b = b_.train_step(b)
-        final_b = params(b_)
-    finally:
-        b_.shutdown()
+    state, loaded, last_b, final_b = _resumed(tiny_calc_model, ckpt, batches[3:])
+    assert state["step"] == 3
+    assert max_diff(loaded, at_save) == 0.0
 
     assert last_a["lr"] == pytest.approx(last_b["lr"]) and last_a["step"] == last_b["step"] == 6
     assert last_a["loss"] == pytest.approx(last_b["loss"], abs=1e-7)
@@ -97,16 +105,11 @@ def test_a_background_checkpoint_holds_the_state_at_the_save_while_training_goes
         a.shutdown()
     assert max_diff(final_a, at_save) > 1e-4
 
-    b_ = make_learner(str(tiny_calc_model), **SCHEDULE)
-    try:
-        assert b_.load_checkpoint(str(ckpt))["step"] == 2
-        assert max_diff(params(b_), at_save) == 0.0
-        for b in batches[2:]:
-            last_b = b_.train_step(b)
-        assert max_diff(params(b_), final_a) < 1e-7  # AdamW's moments of step 2 were saved too
-        assert last_a["loss"] == pytest.approx(last_b["loss"], abs=1e-7)
-    finally:
-        b_.shutdown()
+    state, loaded, last_b, final_b = _resumed(tiny_calc_model, ckpt, batches[2:])
+    assert state["step"] == 2
+    assert max_diff(loaded, at_save) == 0.0
+    assert max_diff(final_b, final_a) < 1e-7  # AdamW's moments of step 2 were saved too
+    assert last_a["loss"] == pytest.approx(last_b["loss"], abs=1e-7)
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no temporaries left
 
 
