@@ -14,6 +14,10 @@ the same objective, :func:`agentrl.algos.policy_loss`, everywhere):
 - ``learner-sorted-fixed``: the same fixed size, but the samples sorted by length (longest
   first) before they are cut into micro-batches: the strong fixed-size baseline (arrival order
   pads ~46% of the slots on the default batch, sorting most of that away);
+- ``learner-shared``: the learner with shared prefixes (``learner.shared_prefixes = "on"``: the
+  samples of one prompt laid out in one row, the prompt once, each sample's rest after it, under
+  a 4-D attention mask; micro-batches planned over these units); with ``--group-size`` above 1
+  the batch's samples come in groups that share their prompt, as GRPO's do;
 - ``learner-packed``: the learner with packed micro-batches (``learner.pack_microbatches = "on"``:
   a micro-batch's samples end to end in one row, no padding, budgeted by their tokens); with the
   model's own attention implementation (sdpa on a CPU, where transformers masks the packed row
@@ -26,6 +30,10 @@ the same objective, :func:`agentrl.algos.policy_loss`, everywhere):
   the metrics' way back). The in-process configurations hold no Ray; this one's overhead over
   ``learner`` is what the run adds to a step. Its CPU and memory columns count the benchmark's
   own process only (the rank computes in the actor's).
+
+Every learner configuration but ``learner-shared`` runs with ``learner.shared_prefixes = "off"``
+(each sample whole, as before the setting existed), so that the others keep measuring what they
+name.
 
 ``--dtype bfloat16`` runs every configuration in bfloat16 as a bfloat16 run trains
 (``model.dtype = "bfloat16"``): the learner configurations under FSDP2 mixed precision
@@ -47,7 +55,8 @@ sensitive to other load on a shared machine) and of tokens/s (all tokens of the 
 tool output included, padding excluded) and ratios, also as the median over repeats of each
 repeat's own ratio (configurations of one repeat run back to back, so load that drifts cancels).
 The batch mimics multi-turn episodes: lengths drawn log-normally between 48 and ``--max-len``
-tokens, a 32-token prompt, then alternating model-written (trained) and tool-output segments.
+tokens, a ``--prompt``-token prompt (32), then alternating model-written (trained) and tool-output
+segments; ``--group-size`` consecutive samples share their prompt (1: every prompt its own).
 
 ``--write`` puts the command, date, machine, repeats and steps, the batch and the table in
 ``benchmarks/RESULTS.md``, in a marked block of its own (key ``learner <configurations> <model>``,
@@ -84,19 +93,26 @@ from agentrl.algos import ObjectiveSettings, policy_loss  # noqa: E402
 from agentrl.engine.training import fsdp_rank as planner_mod  # noqa: E402  (the module whose planner a rank calls)
 from agentrl.engine.training.learner import Learner, token_logprobs  # noqa: E402
 from agentrl.engine.training.microbatch import plan_microbatches  # noqa: E402
+from agentrl.engine.training.shared_prefix import Sharing, units_of  # noqa: E402
 
 
-def make_batch(n: int, max_len: int, vocab: int, seed: int) -> list[dict[str, Any]]:
+def make_batch(n: int, max_len: int, vocab: int, seed: int, group: int = 1, prompt: int = 32) -> list[dict[str, Any]]:
+    """``n`` samples (see the module docstring); each run of ``group`` consecutive samples
+    begins with the same ``prompt`` tokens."""
     rng = random.Random(seed)
+    heads = random.Random(seed + 1)  # the shared prompts: the rest of the batch is drawn as with group 1
     out = []
+    head: list[int] = []
     for i in range(n):
-        length = int(min(max_len, max(48, rng.lognormvariate(5.3, 0.5))))
-        mask = [0] * 32
+        length = int(min(max_len, max(prompt + 16, rng.lognormvariate(5.3, 0.5))))
+        if group > 1 and i % group == 0:
+            head = [heads.randrange(3, vocab) for _ in range(prompt)]
+        mask = [0] * prompt
         while len(mask) < length:  # model turn, then tool output
             mask += [1] * rng.randint(16, 64) + [0] * rng.randint(8, 24)
         mask = mask[:length]
         out.append({
-            "tokens": [rng.randrange(3, vocab) for _ in range(length)],
+            "tokens": (head + [rng.randrange(3, vocab) for _ in range(length)][prompt:]) if group > 1 else [rng.randrange(3, vocab) for _ in range(length)],
             "loss_mask": mask,
             "behaviour_logprobs": [(-6.0 + rng.uniform(-0.1, 0.1)) if m else 0.0 for m in mask],
             "advantage": rng.choice([1.0, -1.0, 0.5, -0.5]),
@@ -108,7 +124,7 @@ Planner = Callable[[list[int], int, int], list[list[int]]]
 """The signature of :func:`plan_microbatches`: (sample lengths, token budget, world size) to
 micro-batches, each a list of sample indices."""
 
-CONFIGS = ("learner", "plain", "learner-fixed", "learner-sorted-fixed", "learner-packed", "learner-actor")
+CONFIGS = ("learner", "plain", "learner-fixed", "learner-sorted-fixed", "learner-packed", "learner-shared", "learner-actor")
 """Every configuration, in the order they run within a repeat; ``plain`` is the baseline."""
 FIXED = ("learner-fixed", "learner-sorted-fixed")
 """The fixed-size micro-batch configurations, baselines for token-budget micro-batching."""
@@ -203,7 +219,7 @@ class ActorLearner:
         )
         self.loop.run_until_complete(self.group.start(
             {"world_size": 1, "model": model, "lr": 1e-5, "micro_batch_tokens": budget, "torch_threads": threads,
-             "dtype": dtype}))
+             "dtype": dtype, "shared_prefixes": "off"}))
         self.parts: list[dict[str, float]] = []
 
     def step(self, samples: list[dict[str, Any]]) -> None:
@@ -238,6 +254,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=64, help="samples per batch")
     ap.add_argument("--max-len", type=int, default=512, help="longest sample, tokens")
+    ap.add_argument("--group-size", type=int, default=1, help="consecutive samples sharing their prompt (GRPO's group size)")
+    ap.add_argument("--prompt", type=int, default=32, help="prompt tokens of each sample")
     ap.add_argument("--budget", type=int, default=4096, help="micro-batch token budget")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per repeat")
     ap.add_argument("--repeats", type=int, default=5)
@@ -269,7 +287,7 @@ def main() -> None:
 
         hf_config = AutoConfig.from_pretrained(model)
         vocab = int(hf_config.vocab_size)
-        batch = make_batch(args.samples, args.max_len, vocab, seed=0)
+        batch = make_batch(args.samples, args.max_len, vocab, seed=0, group=args.group_size, prompt=args.prompt)
         lengths = [len(s["tokens"]) for s in batch]
         tokens = sum(lengths)
         trained = sum(sum(s["loss_mask"][1:]) for s in batch)
@@ -277,7 +295,7 @@ def main() -> None:
         def new_learner() -> Learner:
             ln = Learner(
                 rank=0, world_size=1, master_addr="127.0.0.1", master_port=free_port(), model=model, lr=1e-5,
-                micro_batch_tokens=args.budget, torch_threads=args.threads, dtype=args.dtype,
+                micro_batch_tokens=args.budget, torch_threads=args.threads, dtype=args.dtype, shared_prefixes="off",
             )
             ln.setup()
             return ln
@@ -289,11 +307,17 @@ def main() -> None:
             "learner-fixed": fixed_plan(args.max_len),
             "learner-sorted-fixed": fixed_plan(args.max_len, by_length=True),
             "learner-packed": real_plan,  # the rank passes packed=True while this configuration runs
+            "learner-shared": real_plan,  # the rank plans over its units while this configuration runs
             "learner-actor": real_plan,  # the rank in the actor plans with the real planner
         }
         plans = {k: real_plan(lengths, args.budget, 1, packed=True) if k == "learner-packed" else planners[k](lengths, args.budget, 1)
-                 for k in configs}
+                 for k in configs if k != "learner-shared"}
         pad = {k: 0.0 if k == "learner-packed" else padding_fraction(lengths, plan) for k, plan in plans.items()}  # packed: no pad
+        units = units_of([s["tokens"] for s in batch], [s["loss_mask"] for s in batch], args.budget)
+        unit_lengths = [u.length(lengths) for u in units]
+        if "learner-shared" in configs:  # padding: the slots beyond the units' rows
+            plans["learner-shared"] = real_plan(unit_lengths, args.budget, 1)
+            pad["learner-shared"] = padding_fraction(unit_lengths, plans["learner-shared"])
         n_mb = {k: len(plan) for k, plan in plans.items()}
 
         times: dict[str, list[float]] = {k: [] for k in configs}
@@ -314,6 +338,8 @@ def main() -> None:
                     else:
                         planner_mod.plan_microbatches = planners[name]
                         learner.packed = name == "learner-packed"  # what learner.pack_microbatches = "on" sets up
+                        # what learner.shared_prefixes = "on" sets up
+                        learner.sharing = Sharing(learner.config._attn_implementation, learner.dtype, args.budget) if name == "learner-shared" else None
                         step = learner.train_step
                     step(batch)  # warm-up
                     for _ in range(args.steps):
@@ -324,7 +350,7 @@ def main() -> None:
                         cpu[name].append(time.process_time() - c0)
                         peak[name].append(mem.rise)
                     planner_mod.plan_microbatches = real_plan
-                    learner.packed = False
+                    learner.packed, learner.sharing = False, None
                     if name == "plain":
                         del loop, step  # its model and AdamW state leave before the next configuration
                 rep_t = {k: statistics.median(v[-args.steps:]) for k, v in times.items()}
@@ -351,13 +377,15 @@ def main() -> None:
                   f"the tiny_calc model shape (Qwen2, hidden {hf_config.hidden_size}, {args.layers} layers, MLP 512, "
                   f"vocabulary {vocab})")
     model_desc += f", {params_m:.1f} M parameters"
+    prompts = (f"shared by groups of {args.group_size} ({sum(unit_lengths):,} tokens laid out in shared-prefix units)"
+               if args.group_size > 1 else "every one its own")
     lines = [
         f"{run_header(started)}. Model: {model_desc}; torch {torch.__version__}, {args.threads} torch threads; "
         + ("float32." if args.dtype == "float32" else
            "bfloat16: the learner configurations under FSDP2 mixed precision, plain under autocast over float32 weights."),
         "",
         f"Batch: {args.samples} samples, {tokens:,} tokens ({trained:,} trained), lengths {min(lengths)}..{max(lengths)} "
-        f"(median {int(statistics.median(lengths))}); micro-batch budget {args.budget:,} tokens, fixed-size micro-batches "
+        f"(median {int(statistics.median(lengths))}), each with a {args.prompt}-token prompt, {prompts}; micro-batch budget {args.budget:,} tokens, fixed-size micro-batches "
         f"of {max(1, args.budget // args.max_len)} samples. Configurations interleaved, {args.repeats} repeats × "
         f"{args.steps} timed steps each after one warm-up step; medians over all timed steps. tokens/s: all tokens "
         "of the batch per wall-clock second of a step; paired: the median over repeats of each repeat's own ratio.",

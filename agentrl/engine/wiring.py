@@ -151,6 +151,7 @@ def learner_kwargs(
         "logprob_chunk_tokens": lcfg.logprob_chunk_tokens,
         "activation_checkpointing": lcfg.activation_checkpointing,
         "pack_microbatches": lcfg.pack_microbatches,
+        "shared_prefixes": lcfg.shared_prefixes,
         "attn_implementation": r.model.attn_implementation,
         "compute_entropy": lcfg.compute_entropy,
         "objective": objective,

@@ -48,6 +48,14 @@ class LearnerConfig(Section):
     variable-length kernels run each sample on its own) and pads elsewhere: with ``sdpa`` or
     ``eager`` (the CPU) a packed row is attended over whole, masked, which costs more than the
     padding it saves. Both give the same loss and gradients."""
+    shared_prefixes: Literal["auto", "on", "off"] = "auto"
+    """Run the prefix that samples share (a group's prompt, and any tokens its completions begin
+    with alike) once per micro-batch instead of once per sample: the samples of one prompt are
+    laid out in one row, the prefix then each sample's rest, with an attention mask that lets each
+    see only the prefix and itself. ``auto`` shares where the attention takes such a mask
+    (``sdpa``, ``eager``) and micro-batches are not packed; flash attention cannot. The same loss
+    and gradients as without; fewer tokens go through the model (on the calculator tasks the prompt
+    is a third of a sample)."""
     logprob_chunk_tokens: int = Field(1024, gt=0)
     """Positions per chunk of the output projection when computing chosen-token log-probs: at
     most this many rows of full-vocabulary logits exist at once (forward and backward)."""

@@ -49,6 +49,7 @@ from agentrl.engine.training.devices import gather_rows, join_process_group
 from agentrl.engine.training.microbatch import plan_microbatches, split_minibatches
 from agentrl.engine.training.offload import move_states
 from agentrl.engine.training.padded import PaddedBatch
+from agentrl.engine.training.shared_prefix import Sharing, units_of
 from agentrl.errors import ConfigError, LearnerError
 
 __all__ = ["FsdpRank", "PendingCheckpoint", "decoder_layers", "per_layer_units"]
@@ -137,6 +138,9 @@ class FsdpRank(abc.ABC):
         self.pad_id = 0
         self.packed = False
         """Micro-batches are packed, one row each (see :class:`PaddedBatch`), not padded."""
+        self.sharing: Sharing | None = None
+        """Micro-batches lay the samples that share a prompt out in units (see
+        :mod:`agentrl.engine.training.shared_prefix`); None: every sample whole."""
         self.optimizer: Any = None
         self.scheduler: Any = None
         """The LR schedule (a ``LambdaLR``), or None: a constant learning rate."""
@@ -270,8 +274,14 @@ class FsdpRank(abc.ABC):
         return split_minibatches(n, self.updates_per_batch) if n else []
 
     def plan(self, rows: list[dict[str, Any]]) -> list[list[int]]:
-        """The micro-batch plan of ``rows`` (every rank computes the same one)."""
-        return plan_microbatches([len(r["tokens"]) for r in rows], self.micro_batch_tokens, self.world_size, packed=self.packed)
+        """The micro-batch plan of ``rows`` (every rank computes the same one). With
+        :attr:`sharing` the plan weighs units (each sample's unit stays in one micro-batch)."""
+        lengths = [len(r["tokens"]) for r in rows]
+        if self.sharing is None:
+            return plan_microbatches(lengths, self.micro_batch_tokens, self.world_size, packed=self.packed)
+        units = units_of([r["tokens"] for r in rows], [r["loss_mask"] for r in rows], self.sharing.budget)
+        plan = plan_microbatches([u.length(lengths) for u in units], self.micro_batch_tokens, self.world_size)
+        return [[i for k in micro for i in units[k].rows] for micro in plan]
 
     def my_share(self, rows: list[dict[str, Any]], plan: list[list[int]], with_targets: bool) -> Iterator[tuple[list[int], PaddedBatch, bool]]:
         """This rank's micro-batches of ``plan`` over ``rows``: ``(indices, batch, real)``;

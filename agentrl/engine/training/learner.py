@@ -47,6 +47,7 @@ from agentrl.engine.training.lora import LoraSettings, apply_lora
 from agentrl.engine.training import model_setup
 from agentrl.engine.training.microbatch import PACKING, packs_microbatches
 from agentrl.engine.training.padded import RLBatch
+from agentrl.engine.training.shared_prefix import Sharing, shares_prefixes
 from agentrl.engine.training.step_clock import StepClock
 from agentrl.engine.common.cluster import current_node_id
 from agentrl.engine.common.run_dir import version_folder
@@ -135,6 +136,7 @@ class Learner(FsdpRank):
         logprob_chunk_tokens: int = 1024,
         activation_checkpointing: bool = False,
         pack_microbatches: str = "auto",
+        shared_prefixes: str = "auto",
         attn_implementation: str | None = None,
         compute_entropy: bool = True,
         clip_low: float = 0.2,
@@ -170,6 +172,9 @@ class Learner(FsdpRank):
         the behaviour log-probs come from. ``pack_microbatches``: lay each micro-batch's samples end
         to end in one row instead of padding them (one of
         :data:`~agentrl.engine.training.microbatch.PACKING`; ``auto`` packs under flash attention).
+        ``shared_prefixes``: samples that share a prompt run it once per micro-batch (one of
+        :data:`~agentrl.engine.training.shared_prefix.SHARING`; ``auto`` where the attention takes
+        a 4-D mask and micro-batches are not packed).
         ``attn_implementation``: transformers' attention implementation of the policy and the
         reference (None: its default, ``sdpa``)."""
         if lr_schedule not in LR_SCHEDULES:
@@ -192,6 +197,7 @@ class Learner(FsdpRank):
         self.chunk_tokens = logprob_chunk_tokens
         self.activation_checkpointing, self.compute_entropy = activation_checkpointing, compute_entropy
         self.pack_microbatches, self.attn_implementation = pack_microbatches, attn_implementation
+        self.shared_prefixes = shared_prefixes
         self.objective = objective if objective is not None else ObjectiveSettings(clip_low=clip_low, clip_high=clip_high)
         self.recompute_proximal = proximal == "recompute" or (proximal == "auto" and self.updates_per_batch > 1)
         self.reference_name = reference_model or self.model_name
@@ -264,7 +270,11 @@ class Learner(FsdpRank):
                 self.reference = build(self.reference_name, False)
                 self.reference.eval()
         self.config = self.policy.lm.config
-        self.packed = packs_microbatches(self.pack_microbatches, getattr(self.config, "_attn_implementation", None))
+        attention = getattr(self.config, "_attn_implementation", None)
+        self.packed = packs_microbatches(self.pack_microbatches, attention)
+        with self.leave_group_on_failure():  # ConfigError: a setting it cannot have
+            shares = shares_prefixes(self.shared_prefixes, attention, self.packed)
+        self.sharing = Sharing(attention, self.dtype, self.micro_batch_tokens) if shares else None
         self.generation_config = getattr(self.policy.lm, "generation_config", None)
         """The model's generation config (EOS ids of the chat template), written beside every
         published version, checkpoint and export."""
@@ -281,7 +291,7 @@ class Learner(FsdpRank):
             "node_id": current_node_id(),
             "rendezvous": f"{self.master_addr}:{self.master_port}",
             "mixed_precision": str(self.dtype) if mixed else "off",
-            "packed_microbatches": self.packed,
+            "packed_microbatches": self.packed, "shared_prefixes": self.sharing is not None,
             "reference_model": self.reference is not None,
             "objective": self.objective.as_dict(),
         }
@@ -291,7 +301,7 @@ class Learner(FsdpRank):
         return self.policy
 
     def make_batch(self, rows: list[dict[str, Any]], with_targets: bool) -> RLBatch:
-        return RLBatch(rows, self.pad_id, self.device, with_targets, self.packed)
+        return RLBatch(rows, self.pad_id, self.device, with_targets, self.packed, self.sharing)
 
     def stand_in_row(self) -> dict[str, Any]:
         return {"tokens": [self.pad_id] * 2, "loss_mask": [0, 1], "behaviour_logprobs": [0.0, 0.0], "advantage": 0.0}
@@ -319,7 +329,8 @@ class Learner(FsdpRank):
 
     def _forward(self, model: Any, batch: RLBatch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Flat log-probs (and entropies) of the selected positions of ``batch``."""
-        return model(batch.ids, batch.attn, batch.model_select, self.chunk_tokens, with_entropy, batch.position_ids)
+        return model(batch.ids, batch.attn, batch.model_select, self.chunk_tokens, with_entropy, batch.position_ids,
+                     batch.hidden_index, batch.targets)
 
     # ------------------------------------------------------------------ training
     def train_step(self, samples: list[dict[str, Any]]) -> dict[str, float]:

@@ -172,6 +172,8 @@ class PolicyModel(torch.nn.Module):
         chunk_tokens: int = 1024,
         with_entropy: bool = False,
         position_ids: torch.Tensor | None = None,
+        hidden_index: torch.Tensor | None = None,
+        targets: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-prob of ``input_ids[b, t+1]`` given ``input_ids[b, :t+1]`` where ``select[b, t]``.
 
@@ -180,13 +182,21 @@ class PolicyModel(torch.nn.Module):
         None and ``position_ids`` ``[1, N]`` restarting at 0 at each sequence, which transformers
         turns into attention within each sequence only. Returns flat tensors over the selected
         positions in row-major order.
+
+        Rows laid out otherwise (a shared prefix, :mod:`agentrl.engine.training.shared_prefix`:
+        ``attention_mask`` 4-D): ``hidden_index`` gives, for each wanted log-prob, the index of
+        the hidden state that predicts it in the flattened ``[B * T]`` rows, and ``targets`` the
+        token; ``select`` is then unused.
         """
         hidden = self.lm.get_decoder()(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).last_hidden_state
         head = self.lm.get_output_embeddings()
-        h = hidden[:, :-1][select]
-        targets = input_ids[:, 1:][select]
+        if hidden_index is not None and targets is not None:
+            h = hidden.reshape(-1, hidden.shape[-1])[hidden_index]
+        else:
+            h = hidden[:, :-1][select]
+            targets = input_ids[:, 1:][select]
         return chunked_token_logprobs(
             h, head.weight, targets, bias=getattr(head, "bias", None), chunk_tokens=chunk_tokens, with_entropy=with_entropy,
             temperature=self.temperature,

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from agentrl.engine.training.shared_prefix import SharedRows, Sharing, units_of
+
 __all__ = ["PaddedBatch", "RLBatch"]
 
 
@@ -29,9 +31,18 @@ class PaddedBatch:
     ``model_select`` is ``[1, N-1]``: a row's trained targets, never a next row's first token.
     Its selected positions come in the same order as ``select``'s, so :meth:`pad` and
     :meth:`per_target` (``[B, T-1]``, padded as always: the loss's layout) are unchanged.
-    ``slots`` is then ``N``. Not packed: ``position_ids`` is None and ``model_select`` is ``select``."""
+    ``slots`` is then ``N``. Not packed: ``position_ids`` is None and ``model_select`` is ``select``.
 
-    def __init__(self, rows: list[dict[str, Any]], pad_id: int, device: torch.device, packed: bool = False) -> None:
+    ``sharing`` (not with ``packed``): the samples that share a prompt are laid out in units, one
+    row each (:mod:`agentrl.engine.training.shared_prefix`): ``ids`` and ``position_ids`` are
+    ``[U, N]``, ``attn`` the ``[U, 1, N, N]`` mask, and the selected targets are
+    ``hidden_index`` (each one's hidden state in the flattened ``[U * N]`` rows) and ``targets``
+    (its token), in ``select``'s order; ``real_tokens`` are then the rows' tokens (a shared
+    prefix counted once), ``slots`` ``U * N``. Otherwise both are None."""
+
+    def __init__(
+        self, rows: list[dict[str, Any]], pad_id: int, device: torch.device, packed: bool = False, sharing: Sharing | None = None,
+    ) -> None:
         self.rows, self.device = rows, device
         self.longest = max(len(r["tokens"]) for r in rows)
         B = len(rows)
@@ -44,6 +55,11 @@ class PaddedBatch:
         self.real_tokens = sum(lengths)
         self.packed = packed
         self.position_ids: torch.Tensor | None = None
+        self.hidden_index: torch.Tensor | None = None
+        self.targets: torch.Tensor | None = None
+        if sharing is not None:
+            self._share(tokens, mask, pad_id, sharing)
+            return
         if not packed:
             ids = torch.full((B, self.longest), pad_id, dtype=torch.long)
             attn = torch.zeros((B, self.longest), dtype=torch.long)
@@ -61,6 +77,26 @@ class PaddedBatch:
         parts = [p for b, n in enumerate(lengths) for p in (mask[b, 1:n], boundary)][:-1]
         self.model_select = torch.cat(parts)[None].to(device)
         self.slots = self.real_tokens
+
+    def _share(self, tokens: list[torch.Tensor], mask: torch.Tensor, pad_id: int, sharing: Sharing) -> None:
+        """The model's inputs in units (:mod:`agentrl.engine.training.shared_prefix`); the
+        selected targets' hidden-state indices and tokens, in :attr:`select`'s order."""
+        listed = [t.tolist() for t in tokens]
+        units = units_of(listed, [r["loss_mask"] for r in self.rows], sharing.budget)
+        layout = SharedRows(listed, units, pad_id)
+        self.ids = layout.ids.to(self.device)
+        self.attn = layout.attention_mask(sharing.attn_implementation, sharing.mask_dtype).to(self.device)
+        self.position_ids = layout.position_ids.to(self.device)
+        index, targets = [], []
+        for b, t in enumerate(tokens):
+            positions = torch.nonzero(mask[b, 1 : len(t)], as_tuple=True)[0]  # position t predicts token t + 1
+            index.append(layout.hidden_index(b, positions))
+            targets.append(t[positions + 1])
+        self.hidden_index = torch.cat(index).to(self.device)
+        self.targets = torch.cat(targets).to(self.device)
+        self.model_select = self.select
+        self.slots = layout.slots
+        self.real_tokens = layout.real_tokens
 
     def per_target(
         self, values_of: Callable[[dict[str, Any]], Sequence[float] | None], dtype: torch.dtype = torch.float32, fill: float = 0.0
@@ -84,8 +120,11 @@ class RLBatch(PaddedBatch):
     weight versions and the advantages of each target (a sample's scalar ``advantage`` on every
     token, or its per-token ``advantages``); zeros (versions -1) when ``with_rl`` is False."""
 
-    def __init__(self, rows: list[dict[str, Any]], pad_id: int, device: torch.device, with_rl: bool, packed: bool = False) -> None:
-        super().__init__(rows, pad_id, device, packed)
+    def __init__(
+        self, rows: list[dict[str, Any]], pad_id: int, device: torch.device, with_rl: bool, packed: bool = False,
+        sharing: Sharing | None = None,
+    ) -> None:
+        super().__init__(rows, pad_id, device, packed, sharing)
 
         def advantages(r: dict[str, Any]) -> list[float]:
             a = r.get("advantages")
