@@ -93,7 +93,7 @@ from agentrl.algos import ObjectiveSettings, policy_loss  # noqa: E402
 from agentrl.engine.training import fsdp_rank as planner_mod  # noqa: E402  (the module whose planner a rank calls)
 from agentrl.engine.training.learner import Learner, token_logprobs  # noqa: E402
 from agentrl.engine.training.microbatch import plan_microbatches  # noqa: E402
-from agentrl.engine.training.shared_prefix import Sharing, units_of  # noqa: E402
+from agentrl.engine.training.shared_prefix import Sharing, key_cost, units_of  # noqa: E402
 
 
 def make_batch(n: int, max_len: int, vocab: int, seed: int, group: int = 1, prompt: int = 32) -> list[dict[str, Any]]:
@@ -313,7 +313,7 @@ def main() -> None:
         plans = {k: real_plan(lengths, args.budget, 1, packed=True) if k == "learner-packed" else planners[k](lengths, args.budget, 1)
                  for k in configs if k != "learner-shared"}
         pad = {k: 0.0 if k == "learner-packed" else padding_fraction(lengths, plan) for k, plan in plans.items()}  # packed: no pad
-        units = units_of([s["tokens"] for s in batch], [s["loss_mask"] for s in batch], args.budget)
+        units = units_of([s["tokens"] for s in batch], [s["loss_mask"] for s in batch], args.budget, key_cost(hf_config.hidden_size))
         unit_lengths = [u.length(lengths) for u in units]
         if "learner-shared" in configs:  # padding: the slots beyond the units' rows
             plans["learner-shared"] = real_plan(unit_lengths, args.budget, 1)
@@ -339,7 +339,8 @@ def main() -> None:
                         planner_mod.plan_microbatches = planners[name]
                         learner.packed = name == "learner-packed"  # what learner.pack_microbatches = "on" sets up
                         # what learner.shared_prefixes = "on" sets up
-                        learner.sharing = Sharing(learner.config._attn_implementation, learner.dtype, args.budget) if name == "learner-shared" else None
+                        learner.sharing = (Sharing(learner.config._attn_implementation, learner.dtype, args.budget, key_cost(hf_config.hidden_size))
+                                           if name == "learner-shared" else None)
                         step = learner.train_step
                     step(batch)  # warm-up
                     for _ in range(args.steps):

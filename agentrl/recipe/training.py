@@ -53,9 +53,10 @@ class LearnerConfig(Section):
     with alike) once per micro-batch instead of once per sample: the samples of one prompt are
     laid out in one row, the prefix then each sample's rest, with an attention mask that lets each
     see only the prefix and itself. ``auto`` shares where the attention takes such a mask
-    (``sdpa``, ``eager``) and micro-batches are not packed; flash attention cannot. The same loss
-    and gradients as without; fewer tokens go through the model (on the calculator tasks the prompt
-    is a third of a sample)."""
+    (``sdpa``, ``eager``) and micro-batches are not packed; flash attention cannot. Samples join
+    one row only where that costs less: the masked attention over a row is computed whole, so long
+    samples behind a short prompt stay apart. The same loss and gradients as without; fewer tokens
+    go through the model (on the calculator tasks the prompt is a third of a sample)."""
     logprob_chunk_tokens: int = Field(1024, gt=0)
     """Positions per chunk of the output projection when computing chosen-token log-probs: at
     most this many rows of full-vocabulary logits exist at once (forward and backward)."""

@@ -279,7 +279,7 @@ class FsdpRank(abc.ABC):
         lengths = [len(r["tokens"]) for r in rows]
         if self.sharing is None:
             return plan_microbatches(lengths, self.micro_batch_tokens, self.world_size, packed=self.packed)
-        units = units_of([r["tokens"] for r in rows], [r["loss_mask"] for r in rows], self.sharing.budget)
+        units = units_of([r["tokens"] for r in rows], [r["loss_mask"] for r in rows], self.sharing.budget, self.sharing.key_cost)
         plan = plan_microbatches([u.length(lengths) for u in units], self.micro_batch_tokens, self.world_size)
         return [[i for k in micro for i in units[k].rows] for micro in plan]
 

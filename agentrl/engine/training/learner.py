@@ -47,7 +47,7 @@ from agentrl.engine.training.lora import LoraSettings, apply_lora
 from agentrl.engine.training import model_setup
 from agentrl.engine.training.microbatch import PACKING, packs_microbatches
 from agentrl.engine.training.padded import RLBatch
-from agentrl.engine.training.shared_prefix import Sharing, shares_prefixes
+from agentrl.engine.training.shared_prefix import Sharing, key_cost, shares_prefixes
 from agentrl.engine.training.step_clock import StepClock
 from agentrl.engine.common.cluster import current_node_id
 from agentrl.engine.common.run_dir import version_folder
@@ -274,7 +274,7 @@ class Learner(FsdpRank):
         self.packed = packs_microbatches(self.pack_microbatches, attention)
         with self.leave_group_on_failure():  # ConfigError: a setting it cannot have
             shares = shares_prefixes(self.shared_prefixes, attention, self.packed)
-        self.sharing = Sharing(attention, self.dtype, self.micro_batch_tokens) if shares else None
+        self.sharing = Sharing(attention, self.dtype, self.micro_batch_tokens, key_cost(getattr(self.config, "hidden_size", None))) if shares else None
         self.generation_config = getattr(self.policy.lm, "generation_config", None)
         """The model's generation config (EOS ids of the chat template), written beside every
         published version, checkpoint and export."""

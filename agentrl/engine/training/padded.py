@@ -82,7 +82,7 @@ class PaddedBatch:
         """The model's inputs in units (:mod:`agentrl.engine.training.shared_prefix`); the
         selected targets' hidden-state indices and tokens, in :attr:`select`'s order."""
         listed = [t.tolist() for t in tokens]
-        units = units_of(listed, [r["loss_mask"] for r in self.rows], sharing.budget)
+        units = units_of(listed, [r["loss_mask"] for r in self.rows], sharing.budget, sharing.key_cost)
         layout = SharedRows(listed, units, pad_id)
         self.ids = layout.ids.to(self.device)
         self.attn = layout.attention_mask(sharing.attn_implementation, sharing.mask_dtype).to(self.device)

@@ -23,7 +23,9 @@ variable-length packing is :mod:`agentrl.engine.training.microbatch`'s ``packed`
 Samples belong to one unit when they have the same prompt (the tokens before their first trained
 one); the shared prefix is their longest common prefix, at most one token short of the shortest
 (every sample keeps a suffix). A unit whose row would exceed the micro-batch budget is cut into
-several, in order.
+several, in order, and so is one whose row would cost more than its samples apart: the masked
+attention over a row is computed whole (:func:`key_cost`), which long samples behind a short
+prompt do not repay.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import torch
 
 from agentrl.errors import ConfigError
 
-__all__ = ["SHARING", "Sharing", "SharedRows", "Unit", "shares_prefixes", "units_of"]
+__all__ = ["SHARING", "Sharing", "SharedRows", "Unit", "key_cost", "shares_prefixes", "units_of"]
 
 SHARING = ("auto", "on", "off")
 """``learner.shared_prefixes``: ``on`` computes the prefix samples share once per micro-batch
@@ -86,12 +88,24 @@ def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
 @dataclass(frozen=True)
 class Sharing:
     """How a rank lays out micro-batches in units: its attention implementation (None: unknown,
-    taken as ``sdpa``), the dtype an additive (``eager``) mask is made in, and the micro-batch
-    token budget a unit's row keeps to (None: none)."""
+    taken as ``sdpa``), the dtype an additive (``eager``) mask is made in, the micro-batch token
+    budget a unit's row keeps to (None: none), and ``key_cost``: what attending to one key costs
+    a token, as a fraction of the rest of its work in a layer (:func:`key_cost`; 0: attention
+    free, sharing always pays)."""
 
     attn_implementation: str | None
     mask_dtype: torch.dtype = torch.float32
     budget: int | None = None
+    key_cost: float = 0.0
+
+
+def key_cost(hidden_size: int | None) -> float:
+    """What attending to one more key costs a token of a decoder of width ``hidden_size``,
+    relative to the token's own matrix products in a layer: ``4 d`` FLOPs (scores and values)
+    against about ``24 d**2`` (the attention's four projections and a gated MLP of about
+    ``8/3 d``), so ``1 / (6 d)``. The masked attention over a unit's row is computed whole, so a
+    row of ``n`` tokens costs about ``n * (1 + n * key_cost)``. 0 when the width is unknown."""
+    return 1.0 / (6.0 * hidden_size) if hidden_size else 0.0
 
 
 @dataclass
@@ -103,15 +117,29 @@ class Unit:
     prefix: int
 
     def length(self, lengths: Sequence[int]) -> int:
-        """Tokens of the unit's row: the prefix once, then every sample's suffix."""
+        """Tokens of the unit's row: the prefix once, then every sample's suffix (``lengths``:
+        every sample's tokens)."""
         return self.prefix + sum(lengths[i] - self.prefix for i in self.rows)
 
+    def length_of(self, tokens: Sequence[Sequence[int]]) -> int:
+        """:meth:`length` from the samples themselves."""
+        return self.prefix + sum(len(tokens[i]) - self.prefix for i in self.rows)
 
-def units_of(tokens: Sequence[Sequence[int]], loss_masks: Sequence[Sequence[int]], budget: int | None = None) -> list[Unit]:
+
+def units_of(
+    tokens: Sequence[Sequence[int]], loss_masks: Sequence[Sequence[int]], budget: int | None = None, key_cost: float = 0.0,
+) -> list[Unit]:
     """The units of samples (``tokens[i]``, ``loss_masks[i]``; each at least 2 tokens): samples
-    with the same prompt, in order of first appearance, each unit's row at most ``budget``
-    tokens where more than one sample is in it (None: no bound). Deterministic: every rank, and a
-    micro-batch re-cut from its own samples, finds the same units."""
+    with the same prompt, in order of first appearance. A sample joins the unit being formed
+    when the unit's row stays within ``budget`` tokens (None: no bound) and costs no more than
+    the unit and the sample apart would (a row of ``n`` tokens costs ``n * (1 + n * key_cost)``:
+    long rows with short shared prompts stay apart, their attention over the whole row would
+    cost more than the prompt saves); otherwise it begins the next unit. Deterministic: every
+    rank, and a micro-batch re-cut from its own samples, finds the same units."""
+
+    def cost(n: int) -> float:
+        return n * (1.0 + n * key_cost)
+
     by_prompt: dict[tuple[int, ...], list[int]] = {}
     for i, (t, m) in enumerate(zip(tokens, loss_masks)):
         by_prompt.setdefault(tuple(t[: _prompt_length(m)]), []).append(i)
@@ -125,8 +153,9 @@ def units_of(tokens: Sequence[Sequence[int]], loss_masks: Sequence[Sequence[int]
                 c = min(common, _common_prefix(tokens[rows[0]], tokens[i], common))
                 s = min(shortest, n)
                 p = max(1, min(c, s - 1))
-                cost = p + sum(len(tokens[j]) - p for j in rows) + n - p
-                if budget is None or cost <= budget:
+                joined = p + sum(len(tokens[j]) - p for j in rows) + n - p
+                apart = cost(Unit(rows, max(1, min(common, shortest - 1))).length_of(tokens)) + cost(n)
+                if (budget is None or joined <= budget) and cost(joined) <= apart:
                     rows.append(i)
                     common, shortest = c, s
                     continue

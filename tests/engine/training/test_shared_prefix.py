@@ -14,7 +14,7 @@ import torch
 from agentrl.engine.training.logprobs import PolicyModel
 from agentrl.engine.training.padded import PaddedBatch
 from agentrl.errors import ConfigError
-from agentrl.engine.training.shared_prefix import SharedRows, Sharing, Unit, shares_prefixes, units_of
+from agentrl.engine.training.shared_prefix import SharedRows, Sharing, Unit, key_cost, shares_prefixes, units_of
 from tests.engine.training.test_learner_correctness import make_learner, max_diff, params
 from tests.engine.training.test_packing import tiny_llama
 
@@ -56,6 +56,20 @@ def test_units_are_the_samples_of_one_prompt_sharing_their_longest_common_prefix
     cut = units_of(tokens, masks, budget=units[0].length(lengths) - 1)
     assert [u.rows for u in cut][:2] == [[0, 1, 2], [3]]
     assert all(u.length(lengths) <= units[0].length(lengths) - 1 for u in cut if len(u.rows) > 1)
+
+
+def test_long_rows_with_a_short_shared_prompt_stay_apart_when_their_attention_would_cost_more():
+    """A unit's masked attention is computed over its whole row: where a key costs enough (a
+    narrow model, long samples, a short prompt) two samples apart are cheaper than one row."""
+    rng = random.Random(3)
+    head = [7, 8, 9, 10]
+    tokens = [head + [rng.randrange(20, 200) for _ in range(96)] for _ in range(3)]
+    masks = [[0] * 4 + [1] * 96 for _ in range(3)]
+    assert [u.rows for u in units_of(tokens, masks)] == [[0, 1, 2]]  # attention free: one row
+    assert [u.rows for u in units_of(tokens, masks, key_cost=0.01)] == [[0], [1], [2]]
+    short = [head * 20 + t[4:14] for t in tokens]  # an 80-token prompt, 10 tokens each after it
+    assert [u.rows for u in units_of(short, [[0] * 80 + [1] * 10] * 3, key_cost=0.01)] == [[0, 1, 2]]
+    assert key_cost(576) == pytest.approx(1 / 3456) and key_cost(None) == 0.0
 
 
 def test_a_units_row_holds_the_prefix_once_and_each_suffix_sees_only_the_prefix_and_itself():
