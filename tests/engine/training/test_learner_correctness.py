@@ -63,6 +63,18 @@ def params(learner: Learner) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in learner.full_state_dict().items()}
 
 
+def one_step(model: str, samples: list[dict[str, Any]], inspect: Any = None, **kwargs: Any) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    """A fresh learner (``make_learner(model, **kwargs)``; ``inspect(learner)`` first, when given)
+    trains one RL step on ``samples``: its metrics and its parameters after it."""
+    learner = make_learner(model, **kwargs)
+    try:
+        if inspect is not None:
+            inspect(learner)
+        return learner.train_step(samples), params(learner)
+    finally:
+        learner.shutdown()
+
+
 def reference_logprobs(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
     """log pi(tokens[t] | tokens[:t]) for t >= 1 from the full logits of one unpadded sequence."""
     ids = torch.tensor([tokens])

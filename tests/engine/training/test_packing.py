@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from agentrl.engine.training.logprobs import PolicyModel
 from agentrl.engine.training.microbatch import packs_microbatches, plan_microbatches
 from agentrl.engine.training.padded import PaddedBatch
-from tests.engine.training.test_learner_correctness import make_learner, make_samples, max_diff, params
+from tests.engine.training.test_learner_correctness import make_learner, make_samples, max_diff, one_step
 
 
 def rows(lengths: list[int], seed: int = 0, vocab: int = 200) -> list[dict[str, Any]]:
@@ -101,21 +101,17 @@ def test_a_packed_learner_step_gives_the_padded_update(tiny_calc_model):
     """Through the learner (one FSDP2 rank): the same metrics and the same parameters after an
     RL step, packed or padded; packed has no padding and no more micro-batches."""
     samples = make_samples(7, seed=4)
-    results, metrics = [], []
-    for pack in ("off", "on"):
-        learner = make_learner(str(tiny_calc_model), pack_microbatches=pack)
-        try:
-            assert learner.packed is (pack == "on")
-            metrics.append(learner.train_step(samples))
-            results.append(params(learner))
-        finally:
-            learner.shutdown()
-    padded, packed = metrics
+    padded, before = one_step(str(tiny_calc_model), samples, lambda ln: _is(ln.packed, False), pack_microbatches="off")
+    packed, after = one_step(str(tiny_calc_model), samples, lambda ln: _is(ln.packed, True), pack_microbatches="on")
     assert packed["loss"] == pytest.approx(padded["loss"], abs=1e-6)
     assert packed["entropy"] == pytest.approx(padded["entropy"], abs=1e-5)
     assert packed["trained_tokens"] == padded["trained_tokens"]
     assert packed["padding_fraction"] == 0.0 and padded["padding_fraction"] > 0.0
-    assert max_diff(*results) < 1e-6
+    assert max_diff(before, after) < 1e-6
+
+
+def _is(value: object, want: object) -> None:
+    assert value is want, (value, want)
 
 
 def test_the_recipes_attention_implementation_reaches_the_learner(tiny_calc_model, tmp_path):

@@ -15,7 +15,7 @@ from agentrl.engine.training.logprobs import PolicyModel
 from agentrl.engine.training.padded import PaddedBatch
 from agentrl.errors import ConfigError
 from agentrl.engine.training.shared_prefix import SharedRows, Sharing, Unit, key_cost, shares_prefixes, units_of
-from tests.engine.training.test_learner_correctness import make_learner, max_diff, params
+from tests.engine.training.test_learner_correctness import make_learner, max_diff, one_step
 from tests.engine.training.test_packing import tiny_llama
 
 
@@ -159,25 +159,25 @@ def test_a_shared_learner_step_gives_the_padded_update_computing_fewer_tokens(ti
     the same metrics and parameters after an RL step with shared prefixes as without, and the
     plan keeps each group in one micro-batch."""
     samples = rl_groups([4, 4, 3, 4], seed=5)
-    results, metrics = [], []
-    for setting in ("off", "on"):
-        learner = make_learner(str(tiny_calc_model), shared_prefixes=setting, updates_per_batch=2, micro_batch_tokens=64)
-        try:
-            assert (learner.sharing is not None) is (setting == "on")
-            if setting == "on":  # every group fits the budget as a unit: each lies in one micro-batch
-                where = {i: k for k, micro in enumerate(learner.plan(samples)) for i in micro}
-                assert sorted(where) == list(range(len(samples)))
-                prompt_of = [tuple(s["tokens"][:6]) for s in samples]
-                assert all(len({where[i] for i, q in enumerate(prompt_of) if q == p}) == 1 for p in prompt_of)
-            metrics.append(learner.train_step(samples))
-            results.append(params(learner))
-        finally:
-            learner.shutdown()
-    off, on = metrics
+
+    def groups_whole(learner) -> None:  # every group fits the budget as a unit: each lies in one micro-batch
+        assert learner.sharing is not None
+        where = {i: k for k, micro in enumerate(learner.plan(samples)) for i in micro}
+        assert sorted(where) == list(range(len(samples)))
+        prompt_of = [tuple(s["tokens"][:6]) for s in samples]
+        assert all(len({where[i] for i, q in enumerate(prompt_of) if q == p}) == 1 for p in prompt_of)
+
+    model, settings = str(tiny_calc_model), dict(updates_per_batch=2, micro_batch_tokens=64)
+    off, before = one_step(model, samples, lambda ln: _none(ln.sharing), shared_prefixes="off", **settings)
+    on, after = one_step(model, samples, groups_whole, shared_prefixes="on", **settings)
     assert on["loss"] == pytest.approx(off["loss"], abs=1e-6)
     assert on["entropy"] == pytest.approx(off["entropy"], abs=1e-5)
     assert on["trained_tokens"] == off["trained_tokens"]
-    assert max_diff(*results) < 1e-6
+    assert max_diff(before, after) < 1e-6
+
+
+def _none(value: object) -> None:
+    assert value is None, value
 
 
 def test_the_recipes_setting_reaches_the_learner(tiny_calc_model, tmp_path):
