@@ -124,6 +124,13 @@ Planner = Callable[[list[int], int, int], list[list[int]]]
 """The signature of :func:`plan_microbatches`: (sample lengths, token budget, world size) to
 micro-batches, each a list of sample indices."""
 
+def repeat_order(configs: list[str], rep: int, rotate: bool) -> list[str]:
+    """The order the configurations run in repeat ``rep`` (from 0): as given, or with ``rotate``
+    starting at configuration ``rep`` modulo their number and wrapping around."""
+    k = rep % len(configs) if rotate and configs else 0
+    return configs[k:] + configs[:k]
+
+
 CONFIGS = ("learner", "plain", "learner-fixed", "learner-sorted-fixed", "learner-packed", "learner-shared", "learner-actor")
 """Every configuration, in the order they run within a repeat; ``plain`` is the baseline."""
 FIXED = ("learner-fixed", "learner-sorted-fixed")
@@ -266,6 +273,9 @@ def main() -> None:
                     help="configurations to run (plain, the baseline, always runs)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="the run's model.dtype every configuration trains in (bfloat16: mixed precision)")
+    ap.add_argument("--rotate", action="store_true",
+                    help="start each repeat one configuration later (repeat r runs them from the r-th on), so that "
+                         "none always runs first or last in a repeat")
     ap.add_argument("--write", action="store_true",
                     help="put the command, batch and table in benchmarks/RESULTS.md (a block of its own)")
     args = ap.parse_args()
@@ -329,7 +339,7 @@ def main() -> None:
         actor = ActorLearner(model, args.budget, args.threads, args.dtype) if "learner-actor" in configs else None
         try:
             for rep in range(args.repeats):
-                for name in configs:
+                for name in repeat_order(configs, rep, args.rotate):
                     if name == "plain":
                         loop = PlainLoop(model, 1e-5, args.budget, getattr(torch, args.dtype))
                         step = loop.step
@@ -387,7 +397,8 @@ def main() -> None:
         "",
         f"Batch: {args.samples} samples, {tokens:,} tokens ({trained:,} trained), lengths {min(lengths)}..{max(lengths)} "
         f"(median {int(statistics.median(lengths))}), each with a {args.prompt}-token prompt, {prompts}; micro-batch budget {args.budget:,} tokens, fixed-size micro-batches "
-        f"of {max(1, args.budget // args.max_len)} samples. Configurations interleaved, {args.repeats} repeats × "
+        f"of {max(1, args.budget // args.max_len)} samples. Configurations interleaved"
+        f"{' (each repeat starting one configuration later: none always first or last)' if args.rotate else ''}, {args.repeats} repeats × "
         f"{args.steps} timed steps each after one warm-up step; medians over all timed steps. tokens/s: all tokens "
         "of the batch per wall-clock second of a step; paired: the median over repeats of each repeat's own ratio.",
         "",
