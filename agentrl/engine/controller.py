@@ -162,17 +162,19 @@ class Controller:
                 await evaluator(loop.version)
             return self._summarise(summary, evaluator.records if evaluator else [])
         finally:
-            if fleet is not None:
-                fleet.cancel_reload()
-                await shutdown_all([*fleet.workers, *fleet.generators, *self.rewards.handles])
-            await learners.stop()
-            if critic is not None:
-                await critic.stop()
-            self.parts.close()
-            log.close()
-            ray_errors.remove()
-            if started_ray:
-                stop_ray()
+            try:
+                if fleet is not None:
+                    fleet.cancel_reload()
+                    await shutdown_all([*fleet.workers, *fleet.generators, *self.rewards.handles])
+                await learners.stop()
+                if critic is not None:
+                    await critic.stop()
+                self.parts.close()
+                log.close()
+            finally:  # a failing stop above must not leave Ray's printer routed to this run's log
+                ray_errors.remove()
+                if started_ray:
+                    stop_ray()
 
     def _ray_error_sink(self) -> Any:
         """Where Ray's own error messages go during the run: ``logs/ray_errors.log`` of the run
