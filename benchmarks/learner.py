@@ -124,6 +124,7 @@ Planner = Callable[[list[int], int, int], list[list[int]]]
 """The signature of :func:`plan_microbatches`: (sample lengths, token budget, world size) to
 micro-batches, each a list of sample indices."""
 
+
 def repeat_order(configs: list[str], rep: int, rotate: bool) -> list[str]:
     """The order the configurations run in repeat ``rep`` (from 0): as given, or with ``rotate``
     starting at configuration ``rep`` modulo their number and wrapping around."""

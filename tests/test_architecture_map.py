@@ -48,7 +48,7 @@ def wing_table(text: str) -> dict[str, set[str]]:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if not line.strip().startswith("|"):
             inside = False
-        elif cells[0] == "wing" and cells[1].startswith("may import"):
+        elif len(cells) == 2 and cells[0] == "wing" and cells[1].startswith("may import"):
             inside = True
         elif inside and len(cells) == 2 and re.fullmatch(r"`\w+/`", cells[0]):
             table[cells[0].strip("`/")] = set(re.findall(r"`(\w+)`", cells[1]))
