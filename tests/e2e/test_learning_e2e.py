@@ -32,7 +32,7 @@ from agentrl.envs.data import load_rows
 from tests.e2e.direction_env import rewarded
 from tests.e2e.helpers import REPO, free_port, train_cmd
 
-STEPS = 8
+STEPS = 12
 RAY = str(Path(sys.executable).parent / "ray")
 
 
@@ -53,6 +53,12 @@ def _rewarded_mass(model_dir, questions: list[str]) -> float:
     return sum(masses) / len(masses)
 
 
+def _ray_start(args: list[str], *, env: dict[str, str], cwd: Path | None = None) -> None:
+    """`ray start ARGS`; a node that does not start fails the test with what Ray printed."""
+    proc = subprocess.run([RAY, "start", *args], capture_output=True, text=True, timeout=120, env=env, cwd=cwd)
+    assert proc.returncode == 0, f"`ray start {' '.join(args)}` exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+
+
 @pytest.mark.e2e
 @pytest.mark.vllm
 def test_rl_on_a_two_node_cluster_moves_the_policy_toward_the_reward(tmp_path, tiny_calc_model):
@@ -64,14 +70,11 @@ def test_rl_on_a_two_node_cluster_moves_the_policy_toward_the_reward(tmp_path, t
     env = {**os.environ, "RAY_DEDUP_LOGS": "0", "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(REPO)}
     temp = Path(tempfile.mkdtemp(prefix="agrl", dir="/tmp"))  # Ray's socket paths must stay < 108 bytes
     head = ["--head", f"--port={port}", "--num-cpus=3", "--include-dashboard=false", f"--temp-dir={temp}"]
-    subprocess.run([RAY, "start", *head], check=True, capture_output=True, timeout=120, env=env)
+    _ray_start(head, env=env)
     try:
         elsewhere = tmp_path / "elsewhere"  # the second node's processes start here, not where the driver runs
         elsewhere.mkdir()
-        subprocess.run(
-            [RAY, "start", f"--address={address}", "--num-cpus=2", '--resources={"gen_node": 2}'],
-            check=True, capture_output=True, timeout=120, env=env, cwd=elsewhere,
-        )
+        _ray_start([f"--address={address}", "--num-cpus=2", '--resources={"gen_node": 2}'], env=env, cwd=elsewhere)
         driver_dir = tmp_path / "driver"
         driver_dir.mkdir()
         cmd = train_cmd(
